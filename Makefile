@@ -1,0 +1,51 @@
+# kvindex — see README.md. Every target that compiles first makes sure the system
+# packages cgo needs (libzmq3-dev, pkg-config) are present.
+GO      ?= go
+BIN     := bin
+# Packages whose tests exercise goroutines, sockets or shared state run under -race.
+RACE_PKGS ?= ./internal/... ./bench/... ./cmd/... ./clients/go/...
+TEST_TIMEOUT ?= 15m
+
+export CGO_ENABLED := 1
+
+.PHONY: all deps build test test-long bench lint proto demo fmt clean
+
+all: build
+
+deps:
+	@./scripts/deps.sh
+
+build: deps
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+test: deps
+	$(GO) vet ./...
+	$(GO) test -race -timeout $(TEST_TIMEOUT) $(RACE_PKGS)
+
+# Long soak and fault runs (minutes each); not part of `make test`.
+test-long: deps
+	KVINDEX_LONG=1 $(GO) test -race -timeout 60m -run 'Long|Soak' $(RACE_PKGS)
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./internal/... ./bench/...
+
+lint: deps
+	$(GO) vet ./...
+	@command -v buf >/dev/null 2>&1 || $(GO) install github.com/bufbuild/buf/cmd/buf@v1.75.0
+	PATH="$$PATH:$$($(GO) env GOPATH)/bin" buf lint
+
+# Regenerates api/gen from the .proto files with local plugins (no buf registry needed).
+proto:
+	$(GO) install github.com/bufbuild/buf/cmd/buf@v1.75.0
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+	PATH="$$PATH:$$($(GO) env GOPATH)/bin" buf generate
+
+demo: build
+	@./scripts/demo.sh
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf $(BIN)

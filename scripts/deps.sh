@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the system packages kvindex needs to build (libzmq for pebbe/zmq4, pkg-config
+# for cgo) when they are missing. Idempotent; a no-op on a machine that has them.
+set -euo pipefail
+
+need=()
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+if ! pkg-config --exists libzmq 2>/dev/null; then need+=(libzmq3-dev); fi
+command -v gcc >/dev/null 2>&1 || need+=(gcc)
+
+if [ ${#need[@]} -gt 0 ]; then
+  echo "deps: installing ${need[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "deps: Go is required (1.26+); see https://go.dev/doc/install" >&2
+  exit 1
+fi
