@@ -1,0 +1,67 @@
+// Package envflag gives every kvindex binary the same configuration precedence:
+// command-line flags > KVINDEX_* environment variables > defaults.
+//
+// A flag named "grpc-addr" is read from KVINDEX_GRPC_ADDR when it was not given on the
+// command line. Binaries with sub-components may use a longer prefix (for example
+// KVINDEX_FAKEENGINE_). The package holds no state; it is safe for concurrent use on
+// distinct FlagSets.
+package envflag
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// EnvName is the environment variable consulted for the flag name under prefix.
+func EnvName(prefix, flagName string) string {
+	return prefix + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(flagName))
+}
+
+// Parse parses args into fs, then fills every flag that was not set on the command
+// line from its environment variable (see EnvName), looked up with lookup
+// (os.LookupEnv when nil). A bad environment value is an error naming the variable.
+func Parse(fs *flag.FlagSet, prefix string, args []string, lookup func(string) (string, bool)) error {
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var firstErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] || firstErr != nil {
+			return
+		}
+		name := EnvName(prefix, f.Name)
+		v, ok := lookup(name)
+		if !ok {
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			firstErr = fmt.Errorf("environment %s=%q: %w", name, v, err)
+		}
+	})
+	return firstErr
+}
+
+// Usage returns a flag.Usage function that prints a synopsis followed by every flag
+// with its default and the environment variable that can set it.
+func Usage(fs *flag.FlagSet, prefix, synopsis string) func() {
+	return func() {
+		out := fs.Output()
+		fmt.Fprintln(out, synopsis)
+		fmt.Fprintln(out, "\nFlags (each may also be set by the environment variable shown; flags win):")
+		fs.VisitAll(func(f *flag.Flag) {
+			name, usage := flag.UnquoteUsage(f)
+			fmt.Fprintf(out, "  --%s %s\n    \t%s", f.Name, name, strings.ReplaceAll(usage, "\n", "\n    \t"))
+			if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" && f.DefValue != "[]" {
+				fmt.Fprintf(out, " (default %s)", f.DefValue)
+			}
+			fmt.Fprintf(out, " [$%s]\n", EnvName(prefix, f.Name))
+		})
+	}
+}
