@@ -3,7 +3,7 @@
 GO      ?= go
 BIN     := bin
 # Packages whose tests exercise goroutines, sockets or shared state run under -race.
-RACE_PKGS ?= ./internal/... ./bench/... ./cmd/... ./clients/go/...
+RACE_PKGS ?= ./api/... ./internal/... ./bench/... ./cmd/... ./clients/go/...
 TEST_TIMEOUT ?= 15m
 
 export CGO_ENABLED := 1
@@ -34,7 +34,7 @@ lint: deps
 	@command -v buf >/dev/null 2>&1 || $(GO) install github.com/bufbuild/buf/cmd/buf@v1.75.0
 	PATH="$$PATH:$$($(GO) env GOPATH)/bin" buf lint
 
-# Regenerates api/gen from the .proto files with local plugins (no buf registry needed).
+# Regenerates the Go code in api/proto from the .proto files with local plugins (no buf registry needed).
 proto:
 	$(GO) install github.com/bufbuild/buf/cmd/buf@v1.75.0
 	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12

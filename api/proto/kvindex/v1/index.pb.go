@@ -719,11 +719,13 @@ type WorkerScore struct {
 	MatchedTokens uint32 `protobuf:"varint,3,opt,name=matched_tokens,json=matchedTokens,proto3" json:"matched_tokens,omitempty"`
 	// matched_blocks / total_blocks, in [0, 1]; 0 when total_blocks is 0.
 	HitRate float64 `protobuf:"fixed64,4,opt,name=hit_rate,json=hitRate,proto3" json:"hit_rate,omitempty"`
-	// Prefix blocks cached on GPU.
+	// Blocks of the matched prefix whose fastest cached tier is GPU. The three tier
+	// counts partition matched_blocks (they sum to it), which is what a Dynamo-style
+	// cost (overlap_gpu + 0.75 overlap_cpu + 0.25 overlap_disk) needs.
 	GpuMatchedBlocks uint32 `protobuf:"varint,5,opt,name=gpu_matched_blocks,json=gpuMatchedBlocks,proto3" json:"gpu_matched_blocks,omitempty"`
-	// Prefix blocks cached on CPU.
+	// Blocks of the matched prefix whose fastest cached tier is CPU.
 	CpuMatchedBlocks uint32 `protobuf:"varint,6,opt,name=cpu_matched_blocks,json=cpuMatchedBlocks,proto3" json:"cpu_matched_blocks,omitempty"`
-	// Prefix blocks cached on disk or external storage.
+	// Blocks of the matched prefix cached only on disk or external storage.
 	DiskMatchedBlocks uint32 `protobuf:"varint,7,opt,name=disk_matched_blocks,json=diskMatchedBlocks,proto3" json:"disk_matched_blocks,omitempty"`
 	// The same figures for every dp rank of the worker, ordered by dp_rank; empty
 	// for a worker the index does not know.
@@ -827,11 +829,13 @@ type DpRankScore struct {
 	MatchedBlocks uint32 `protobuf:"varint,2,opt,name=matched_blocks,json=matchedBlocks,proto3" json:"matched_blocks,omitempty"`
 	// matched_blocks * block_size.
 	MatchedTokens uint32 `protobuf:"varint,3,opt,name=matched_tokens,json=matchedTokens,proto3" json:"matched_tokens,omitempty"`
-	// Prefix blocks cached on GPU.
+	// Blocks of the matched prefix whose fastest cached tier is GPU. The three tier
+	// counts partition matched_blocks (they sum to it), which is what a Dynamo-style
+	// cost (overlap_gpu + 0.75 overlap_cpu + 0.25 overlap_disk) needs.
 	GpuMatchedBlocks uint32 `protobuf:"varint,4,opt,name=gpu_matched_blocks,json=gpuMatchedBlocks,proto3" json:"gpu_matched_blocks,omitempty"`
-	// Prefix blocks cached on CPU.
+	// Blocks of the matched prefix whose fastest cached tier is CPU.
 	CpuMatchedBlocks uint32 `protobuf:"varint,5,opt,name=cpu_matched_blocks,json=cpuMatchedBlocks,proto3" json:"cpu_matched_blocks,omitempty"`
-	// Prefix blocks cached on disk or external storage.
+	// Blocks of the matched prefix cached only on disk or external storage.
 	DiskMatchedBlocks uint32 `protobuf:"varint,6,opt,name=disk_matched_blocks,json=diskMatchedBlocks,proto3" json:"disk_matched_blocks,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
