@@ -1,0 +1,74 @@
+package ingest
+
+import (
+	"context"
+
+	"github.com/kvindex/kvindex/internal/radix"
+)
+
+// Stream names one ordered event stream: a worker and one of its data-parallel ranks.
+// Sequence numbers, replay and cursors are per Stream; in the index it is one holder.
+type Stream = radix.WorkerKey
+
+// OpKind is what an Op does to the index.
+type OpKind uint8
+
+const (
+	// OpStored: the stream now holds Hashes (chained under Parent) on Tier.
+	OpStored OpKind = iota + 1
+	// OpRemoved: the stream dropped Hashes from Tier.
+	OpRemoved
+	// OpCleared: the stream dropped every block on every tier.
+	OpCleared
+)
+
+// Op is one index mutation derived from one engine event, with block keys already
+// computed (kvblock), so applying it needs no tokens, no tokenizer and no worker
+// registry: a Raft follower replays Ops exactly as the leader built them.
+type Op struct {
+	Kind OpKind
+	// Namespace is kvblock.Namespace{model, lora, cache_salt}.ID() (OpStored only).
+	Namespace uint64
+	Parent    uint64 // engine hash of the block before Hashes[0] (OpStored, when HasParent)
+	HasParent bool
+	Hashes    []uint64 // engine block hashes (OpStored, OpRemoved)
+	Keys      []uint64 // local block keys, one per hash (OpStored)
+	Tier      radix.Tier
+}
+
+// StreamBatch is the unit handed from ingest to the index: the Ops of one engine
+// batch, in order, with the batch's sequence number.
+//
+// Reset asks the applier to clear the stream's blocks first and accept Seq as the new
+// position whatever the previous one was: ingest sets it when the engine restarted
+// (seq went back near 0) or when a gap could not be covered by replay. Epoch counts
+// those resets per stream (ingest sets it to the stream's previous epoch + 1 on a
+// reset batch) so that a re-delivered reset batch is recognised and dropped.
+type StreamBatch struct {
+	Stream Stream
+	Seq    uint64
+	Epoch  uint64
+	Reset  bool
+	Ops    []Op
+}
+
+// Cursor is how far a stream has been applied.
+type Cursor struct {
+	Seq   uint64
+	Epoch uint64
+}
+
+// Sink receives ordered batches from ingest. Single node: it applies them to a
+// radix.Index through a bounded queue; in a cluster (internal/raftstore) it proposes
+// them to the Raft log. Submit blocks while the sink is full (back-pressure) and
+// returns ctx.Err() when ctx ends first.
+type Sink interface {
+	Submit(ctx context.Context, b StreamBatch) error
+}
+
+// CursorSource tells ingest where each stream stands in the index, so a subscriber
+// started (or a node that just became Raft leader) resumes every stream from
+// Seq+1 with a replay instead of re-applying or losing events.
+type CursorSource interface {
+	Cursor(s Stream) (Cursor, bool)
+}
