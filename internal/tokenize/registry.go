@@ -1,0 +1,97 @@
+package tokenize
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// Registry maps model names to tokenizers. It is safe for concurrent use.
+type Registry struct {
+	mu      sync.RWMutex
+	byModel map[string]Tokenizer
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{byModel: map[string]Tokenizer{}}
+}
+
+// Register sets the tokenizer of model, replacing any earlier one.
+func (r *Registry) Register(model string, t Tokenizer) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.byModel[model] = t
+}
+
+// Lookup returns the tokenizer of model, or an error wrapping ErrUnknownModel.
+func (r *Registry) Lookup(model string) (Tokenizer, error) {
+	r.mu.RLock()
+	t, ok := r.byModel[model]
+	r.mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("%w %q", ErrUnknownModel, model)
+	}
+	return t, nil
+}
+
+// Models returns the registered model names, sorted.
+func (r *Registry) Models() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	names := make([]string, 0, len(r.byModel))
+	for m := range r.byModel {
+		names = append(names, m)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Spec is one `--tokenizer <model>=<dir>` value: the tokenizer of Model is read from
+// the Hugging Face files (tokenizer.json, tokenizer_config.json) in Dir.
+type Spec struct {
+	Model string
+	Dir   string
+}
+
+// String returns the flag form, model=dir.
+func (s Spec) String() string { return s.Model + "=" + s.Dir }
+
+// ParseSpec parses "<model>=<dir>". The model may itself contain '=' only if the
+// directory does not; the split is at the last '='.
+func ParseSpec(s string) (Spec, error) {
+	i := strings.LastIndexByte(s, '=')
+	if i <= 0 || i == len(s)-1 {
+		return Spec{}, fmt.Errorf("%w %q: want <model>=<dir>", ErrBadSpec, s)
+	}
+	return Spec{Model: s[:i], Dir: s[i+1:]}, nil
+}
+
+// Specs is a repeatable flag.Value collecting --tokenizer values.
+type Specs []Spec
+
+// String joins the specs with commas.
+func (s *Specs) String() string {
+	parts := make([]string, len(*s))
+	for i, spec := range *s {
+		parts[i] = spec.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// Set parses and appends one spec.
+func (s *Specs) Set(v string) error {
+	spec, err := ParseSpec(v)
+	if err != nil {
+		return err
+	}
+	*s = append(*s, spec)
+	return nil
+}
+
+// Load builds the tokenizer a spec names. Loading tokenizer.json directories is not
+// implemented yet: every spec is an error wrapping ErrNotSupported.
+func Load(spec Spec) (Tokenizer, error) {
+	return nil, fmt.Errorf("%w yet: loading the Hugging Face tokenizer of %q from %s", ErrNotSupported, spec.Model, spec.Dir)
+}

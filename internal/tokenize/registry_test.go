@@ -1,0 +1,68 @@
+package tokenize
+
+import (
+	"errors"
+	"flag"
+	"slices"
+	"testing"
+)
+
+func TestRegistryLookup(t *testing.T) {
+	r := NewRegistry()
+	b := NewBuiltin()
+	r.Register("m1", b)
+	if got, err := r.Lookup("m1"); err != nil || got != Tokenizer(b) {
+		t.Fatalf("Lookup(m1) = %v, %v", got, err)
+	}
+	if _, err := r.Lookup("m2"); !errors.Is(err, ErrUnknownModel) {
+		t.Fatalf("Lookup(m2) error = %v, want ErrUnknownModel", err)
+	}
+	r.Register("a", b)
+	if got := r.Models(); !slices.Equal(got, []string{"a", "m1"}) {
+		t.Fatalf("Models() = %v", got)
+	}
+}
+
+func TestParseSpec(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    Spec
+		wantErr bool
+	}{
+		{"meta-llama/Llama-3.1-8B=/models/llama", Spec{"meta-llama/Llama-3.1-8B", "/models/llama"}, false},
+		{"a=b=c", Spec{"a=b", "c"}, false},
+		{"noequals", Spec{}, true},
+		{"=dir", Spec{}, true},
+		{"model=", Spec{}, true},
+	}
+	for _, tt := range tests {
+		got, err := ParseSpec(tt.in)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("ParseSpec(%q) = %v, %v; want %v, err=%v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+		if err != nil && !errors.Is(err, ErrBadSpec) {
+			t.Errorf("ParseSpec(%q) error %v does not wrap ErrBadSpec", tt.in, err)
+		}
+	}
+}
+
+func TestSpecsIsARepeatableFlag(t *testing.T) {
+	var specs Specs
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.Var(&specs, "tokenizer", "")
+	if err := fs.Parse([]string{"--tokenizer", "a=/x", "--tokenizer=b=/y"}); err != nil {
+		t.Fatal(err)
+	}
+	if want := (Specs{{"a", "/x"}, {"b", "/y"}}); !slices.Equal(specs, want) {
+		t.Fatalf("specs = %v, want %v", specs, want)
+	}
+	if specs.String() != "a=/x,b=/y" {
+		t.Fatalf("String() = %q", specs.String())
+	}
+}
+
+func TestLoadDirectoryIsNotSupportedYet(t *testing.T) {
+	if _, err := Load(Spec{"m", t.TempDir()}); !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("Load error = %v, want ErrNotSupported", err)
+	}
+}
