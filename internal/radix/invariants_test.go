@@ -1,0 +1,165 @@
+package radix
+
+import (
+	"fmt"
+	"slices"
+)
+
+// checkInvariants verifies the internal consistency of an index; tests call it after
+// mutations. It returns the first violation found.
+func checkInvariants(ix *Index) error {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	st := &ix.st
+
+	children := make(map[uint32]uint32)
+	live, namespaces, blockNodes, residencies := 0, 0, 0, 0
+	for i := 1; i < len(st.nodes); i++ {
+		n := &st.nodes[i]
+		if n.parent == noNode {
+			continue
+		}
+		live++
+		if n.parent == 0 {
+			namespaces++
+			if n.holders[0] != 0 {
+				return fmt.Errorf("namespace root %d has holders", i)
+			}
+		} else {
+			blockNodes++
+		}
+		if p := st.nodes[n.parent].parent; n.parent != 0 && p == noNode {
+			return fmt.Errorf("node %d has freed parent %d", i, n.parent)
+		}
+		children[n.parent]++
+		if got := st.edges.find(st.nodes, n.parent, n.key); got != uint32(i) {
+			return fmt.Errorf("edge (%d,%x) finds %d, want %d", n.parent, n.key, got, i)
+		}
+		if n.holders[0] == 0 && n.children == 0 {
+			return fmt.Errorf("node %d kept with neither holders nor children", i)
+		}
+		if n.holders[0] == 0 && (n.holders[1] != 0 || n.more != 0) {
+			return fmt.Errorf("node %d holders not packed", i)
+		}
+		if n.more != 0 && (n.holders[1] == 0 || len(st.extra[n.more]) == 0) {
+			return fmt.Errorf("node %d has an extra holder list while inline slots are free or it is empty", i)
+		}
+		if n.hint != 0 && (st.nodes[n.hint].parent != uint32(i)) {
+			return fmt.Errorf("node %d hints at %d, not its child", i, n.hint)
+		}
+		seen := map[uint32]bool{}
+		_, count := st.findHolder(uint32(i), noNode)
+		for k := 0; k < count; k++ {
+			r := st.holderAt(uint32(i), k)
+			wid := r >> 3
+			if r&7 == 0 || int(wid) >= len(st.workers) || st.workers[wid] == nil || seen[wid] {
+				return fmt.Errorf("node %d has bad holder %x", i, r)
+			}
+			seen[wid] = true
+			residencies++
+		}
+	}
+	for i := range st.nodes {
+		if st.nodes[i].parent != noNode || i == 0 {
+			if st.nodes[i].children != children[uint32(i)] {
+				return fmt.Errorf("node %d counts %d children, has %d", i, st.nodes[i].children, children[uint32(i)])
+			}
+		}
+	}
+	if st.edges.count != live {
+		return fmt.Errorf("edge table holds %d edges for %d nodes", st.edges.count, live)
+	}
+	if namespaces != st.namespaces || blockNodes != st.blockNodes || residencies != st.residencies {
+		return fmt.Errorf("counts namespaces/nodes/residencies %d/%d/%d, actual %d/%d/%d",
+			st.namespaces, st.blockNodes, st.residencies, namespaces, blockNodes, residencies)
+	}
+
+	detached := 0
+	for wid, ws := range st.workers {
+		if ws == nil {
+			continue
+		}
+		if st.workerIDs[ws.key] != uint32(wid) || !slices.Contains(st.byName[ws.key.Worker], uint32(wid)) {
+			return fmt.Errorf("worker %v id %d not interned", ws.key, wid)
+		}
+		type acc struct {
+			entries uint32
+			tiers   [NumTiers]uint32
+			mask    uint8
+		}
+		perNode := map[uint32]*acc{}
+		for h, e := range ws.blocks {
+			if e.tiers == 0 || e.tiers >= 1<<NumTiers {
+				return fmt.Errorf("%v hash %x has tiers %d", ws.key, h, e.tiers)
+			}
+			if st.nodes[e.node].parent == noNode || st.nodes[e.node].parent == 0 {
+				return fmt.Errorf("%v hash %x points at non-block node %d", ws.key, h, e.node)
+			}
+			if _, ok := ws.detached[h]; ok {
+				return fmt.Errorf("%v hash %x attached and detached", ws.key, h)
+			}
+			a := perNode[e.node]
+			if a == nil {
+				a = &acc{}
+				perNode[e.node] = a
+			}
+			a.entries++
+			a.mask |= e.tiers
+			for t := range NumTiers {
+				if e.tiers&(1<<t) != 0 {
+					a.tiers[t]++
+				}
+			}
+		}
+		for n, a := range perNode {
+			if got := st.holderMask(n, uint32(wid)); got != a.mask {
+				return fmt.Errorf("%v at node %d: residency mask %b, entries say %b", ws.key, n, got, a.mask)
+			}
+			al, ok := ws.aliases[n]
+			if ok != (a.entries > 1) || (ok && (al.entries != a.entries || al.tiers != a.tiers)) {
+				return fmt.Errorf("%v at node %d: alias record %+v (present %v), entries say %d %v", ws.key, n, al, ok, a.entries, a.tiers)
+			}
+		}
+		if len(ws.aliases) > len(perNode) {
+			return fmt.Errorf("%v has stale alias records", ws.key)
+		}
+		for i := 1; i < len(st.nodes); i++ {
+			if st.nodes[i].parent != noNode && st.holderMask(uint32(i), uint32(wid)) != 0 && perNode[uint32(i)] == nil {
+				return fmt.Errorf("%v holds node %d without an entry", ws.key, i)
+			}
+		}
+		waiting := 0
+		for p, kids := range ws.waiting {
+			if _, ok := ws.blocks[p]; ok {
+				return fmt.Errorf("%v: detached blocks wait for attached %x", ws.key, p)
+			}
+			for _, c := range kids {
+				if d, ok := ws.detached[c]; !ok || d.parent != p {
+					return fmt.Errorf("%v: waiting %x -> %x inconsistent", ws.key, p, c)
+				}
+				waiting++
+			}
+		}
+		for h, d := range ws.detached {
+			if d.tiers == 0 || d.tiers >= 1<<NumTiers {
+				return fmt.Errorf("%v detached %x has tiers %d", ws.key, h, d.tiers)
+			}
+		}
+		if waiting != len(ws.detached) {
+			return fmt.Errorf("%v: %d waiting, %d detached", ws.key, waiting, len(ws.detached))
+		}
+		detached += len(ws.detached)
+	}
+	if detached != st.detached {
+		return fmt.Errorf("detached count %d, actual %d", st.detached, detached)
+	}
+	if len(st.order) != len(st.workerIDs) {
+		return fmt.Errorf("order has %d workers, %d interned", len(st.order), len(st.workerIDs))
+	}
+	for i, wid := range st.order {
+		if st.rank[wid] != uint32(i) || (i > 0 && st.workers[st.order[i-1]].key.compare(st.workers[wid].key) >= 0) {
+			return fmt.Errorf("worker order broken at %d", i)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,223 @@
+package radix
+
+// state is the index proper: single-threaded, guarded by Index.mu.
+//
+// The tree lives in an arena of nodes addressed by uint32. Node 0 is the
+// super-root; its children are the namespace roots (keyed by namespace id), whose
+// descendants are block nodes (keyed by local block key). Edges are in one hash
+// table keyed by (parent, key).
+type state struct {
+	maxDetached int
+
+	nodes    []node
+	freeNode uint32 // head of the free-node list, 0 = empty
+	edges    edgeTable
+	extra    [][]uint32 // holders beyond a node's two inline ones; index 0 unused
+	freeSlot []uint32   // unused indexes of extra
+
+	workers   []*workerState // by worker id; nil when the id is free
+	workerIDs map[WorkerKey]uint32
+	byName    map[string][]uint32
+	order     []uint32 // live worker ids sorted by WorkerKey
+	rank      []uint32 // worker id -> position in order
+	freeIDs   []uint32
+
+	namespaces, blockNodes, residencies, detached int
+	counters                                      Counters
+	stack                                         []uint64 // reused by reattach
+}
+
+// noNode marks a freed arena slot (as its parent).
+const noNode = ^uint32(0)
+
+// node is 32 bytes. A residency is a worker id shifted left by 3 with the tier
+// bitmask in the low 3 bits, so it is never 0 and 0 marks an empty holder slot.
+type node struct {
+	key      uint64
+	parent   uint32
+	hint     uint32 // the child most recently stored under this node (or 0): tried before the edge table
+	children uint32
+	holders  [2]uint32
+	more     uint32 // index into state.extra for holders beyond two, 0 = none
+}
+
+func residency(wid uint32, mask uint8) uint32 { return wid<<3 | uint32(mask) }
+
+func newState(cfg Config) state {
+	maxDetached := cfg.MaxDetachedPerWorker
+	if maxDetached <= 0 {
+		maxDetached = DefaultMaxDetachedPerWorker
+	}
+	return state{
+		maxDetached: maxDetached,
+		nodes:       []node{{parent: noNode}},
+		edges:       newEdgeTable(),
+		extra:       [][]uint32{nil},
+		workerIDs:   map[WorkerKey]uint32{},
+		byName:      map[string][]uint32{},
+	}
+}
+
+// child returns parent's child with key, or 0.
+func (st *state) child(parent uint32, key uint64) uint32 {
+	if h := st.nodes[parent].hint; h != 0 && st.nodes[h].key == key {
+		return h
+	}
+	return st.edges.find(st.nodes, parent, key)
+}
+
+// childOrCreate returns parent's child with key, creating it when missing, and makes
+// it parent's hint (recently stored paths are the likely next matches).
+func (st *state) childOrCreate(parent uint32, key uint64) uint32 {
+	c := st.child(parent, key)
+	if c == 0 {
+		if c = st.freeNode; c != 0 {
+			st.freeNode = st.nodes[c].hint
+			st.nodes[c] = node{key: key, parent: parent}
+		} else {
+			c = uint32(len(st.nodes))
+			st.nodes = append(st.nodes, node{key: key, parent: parent})
+		}
+		st.edges.insert(parent, key, c)
+		st.nodes[parent].children++
+		if parent == 0 {
+			st.namespaces++
+		} else {
+			st.blockNodes++
+		}
+	}
+	st.nodes[parent].hint = c
+	return c
+}
+
+// release frees n and then its ancestors while they have neither holders nor
+// children: a holder-less node is kept exactly as long as something hangs below it.
+func (st *state) release(n uint32) {
+	for n != 0 {
+		nd := &st.nodes[n]
+		if nd.holders[0] != 0 || nd.children != 0 {
+			return
+		}
+		p := nd.parent
+		st.edges.remove(p, nd.key, n)
+		if p == 0 {
+			st.namespaces--
+		} else {
+			st.blockNodes--
+		}
+		*nd = node{parent: noNode, hint: st.freeNode}
+		st.freeNode = n
+		pn := &st.nodes[p]
+		pn.children--
+		if pn.hint == n {
+			pn.hint = 0
+		}
+		n = p
+	}
+}
+
+// Holders of a node form one list: positions 0 and 1 inline, 2 and up in
+// st.extra[node.more]. The list is packed: the inline slots fill first.
+
+// findHolder returns worker wid's position at node n (-1 if absent) and the count of holders.
+func (st *state) findHolder(n, wid uint32) (pos, count int) {
+	nd := &st.nodes[n]
+	pos = -1
+	for i, r := range nd.holders {
+		if r == 0 {
+			return pos, i
+		}
+		if r>>3 == wid {
+			pos = i
+		}
+	}
+	if nd.more == 0 {
+		return pos, 2
+	}
+	ex := st.extra[nd.more]
+	if pos < 0 {
+		for i, r := range ex {
+			if r>>3 == wid {
+				pos = 2 + i
+				break
+			}
+		}
+	}
+	return pos, 2 + len(ex)
+}
+
+func (st *state) holderAt(n uint32, i int) uint32 {
+	if i < 2 {
+		return st.nodes[n].holders[i]
+	}
+	return st.extra[st.nodes[n].more][i-2]
+}
+
+func (st *state) putHolder(n uint32, i int, r uint32) {
+	if i < 2 {
+		st.nodes[n].holders[i] = r
+	} else {
+		st.extra[st.nodes[n].more][i-2] = r
+	}
+}
+
+// holderMask returns worker wid's tier mask at node n (0 = not held).
+func (st *state) holderMask(n, wid uint32) uint8 {
+	if i, _ := st.findHolder(n, wid); i >= 0 {
+		return uint8(st.holderAt(n, i) & 7)
+	}
+	return 0
+}
+
+// setHolder sets worker wid's tier mask at node n; mask 0 removes the worker and
+// releases n if nothing else keeps it.
+func (st *state) setHolder(n, wid uint32, mask uint8) {
+	i, count := st.findHolder(n, wid)
+	switch {
+	case i >= 0 && mask != 0:
+		st.putHolder(n, i, residency(wid, mask))
+	case i >= 0:
+		st.putHolder(n, i, st.holderAt(n, count-1))
+		st.dropLastHolder(n, count)
+		st.residencies--
+		st.release(n)
+	case mask != 0:
+		st.appendHolder(n, count, residency(wid, mask))
+		st.residencies++
+	}
+}
+
+func (st *state) appendHolder(n uint32, count int, r uint32) {
+	nd := &st.nodes[n]
+	switch {
+	case count < 2:
+		nd.holders[count] = r
+	case nd.more == 0:
+		if k := len(st.freeSlot); k > 0 {
+			nd.more = st.freeSlot[k-1]
+			st.freeSlot = st.freeSlot[:k-1]
+		} else {
+			nd.more = uint32(len(st.extra))
+			st.extra = append(st.extra, nil)
+		}
+		st.extra[nd.more] = append(st.extra[nd.more], r)
+	default:
+		st.extra[nd.more] = append(st.extra[nd.more], r)
+	}
+}
+
+func (st *state) dropLastHolder(n uint32, count int) {
+	nd := &st.nodes[n]
+	if count <= 2 {
+		nd.holders[count-1] = 0
+		return
+	}
+	ex := st.extra[nd.more]
+	if len(ex) > 1 {
+		st.extra[nd.more] = ex[:len(ex)-1]
+		return
+	}
+	st.extra[nd.more] = nil
+	st.freeSlot = append(st.freeSlot, nd.more)
+	nd.more = 0
+}
