@@ -50,6 +50,21 @@
 // nobody could see. The decoder never panics, and allocates in proportion to what it
 // actually reads, whatever length prefixes claim.
 //
+// # Sequence tracking
+//
+// One Tracker per stream (worker, dp rank) turns sequence numbers into actions; every
+// clear of the worker's blocks rides on the batch applied after it, as
+// StreamBatch.Reset does, and the Tracker's Cursor gives the batch's Seq and Epoch:
+//
+//	d := tr.Observe(frame.Seq)
+//	switch {
+//	case d.Action.Applies(): // decode; on error tr.Discard(), else submit with Reset: d.Action.Clears()
+//	case d.Action == ActionGap: // hold the batch, send ReplayRequest(d.From)
+//		// for each reply until the end marker or a timeout:
+//		//     if a := tr.Replayed(reply.Seq); a.Applies() { submit it, Reset: a.Clears() }
+//		// then: if a := tr.FinishReplay(); a.Applies() { submit the held batch, Reset: a.Clears() }
+//	} // ActionDuplicate: drop it
+//
 // # Concurrency
 //
 // A Decoder and a Tracker each belong to one goroutine (one per socket, one per

@@ -22,12 +22,20 @@ const (
 	// FinishReplay, which says what to do with the held batch.
 	ActionGap
 	// ActionRestart: the engine restarted. Drop every block of the worker, then
-	// Observe the same batch again (the tracker now expects the new stream's seq 0).
+	// apply the batch (StreamBatch.Reset): it is the first of the new stream we have.
 	ActionRestart
 	// ActionReset: a replay could not fill a gap. Drop every block of the worker,
-	// then apply the batch; the tracker continues after it.
+	// then apply the batch (StreamBatch.Reset); the tracker continues after it.
 	ActionReset
 )
+
+// Applies reports whether the caller must apply the batch (ActionApply,
+// ActionRestart, ActionReset).
+func (a Action) Applies() bool { return a == ActionApply || a.Clears() }
+
+// Clears reports whether the action drops the worker's blocks before applying the
+// batch (ActionRestart, ActionReset): StreamBatch.Reset.
+func (a Action) Clears() bool { return a == ActionRestart || a == ActionReset }
 
 // String names the action ("apply", "gap", ...).
 func (a Action) String() string {
@@ -57,8 +65,8 @@ type Decision struct {
 
 // TrackerStats are a stream's cumulative counters.
 type TrackerStats struct {
-	// Applied counts batches the caller was told to apply (ActionApply and ActionReset),
-	// replayed ones included.
+	// Applied counts batches the caller was told to apply (ActionApply, ActionRestart
+	// and ActionReset), replayed ones included.
 	Applied uint64
 	// Replayed counts the applied batches that came from a replay.
 	Replayed uint64
@@ -82,22 +90,32 @@ type TrackerStats struct {
 //   - seq > next: gap; the batches from next to seq-1 must be replayed.
 //   - seq < next, and the live stream went back (seq <= the highest live seq seen,
 //     or, after Resume, seq below the cursor) to below the restart window: the engine
-//     restarted.
+//     restarted. Its new stream starts at 0: when seq > 0, 0..seq-1 are replayed
+//     first, and the first batch applied clears the worker.
 //   - any other seq < next: a duplicate, e.g. a live batch that a replay already
 //     brought.
 //
 // A replay fills a gap when it brings every seq from the gap's start on; if it skips
 // some (the engine's buffer no longer has them) or ends early, the worker's blocks
 // are dropped rather than kept stale (ActionReset).
+//
+// Every clear comes with a batch to apply (ActionRestart, ActionReset), as
+// StreamBatch.Reset does; each one starts a new epoch (Cursor).
 type Tracker struct {
 	restartWindow uint64
 	started       bool
 	next          uint64
+	epoch         uint64
 	liveSeen      bool
 	lastLive      uint64
 	replaying     bool
 	held          uint64
-	stats         TrackerStats
+	// restarted: the engine restarted and the batch that clears the worker has not
+	// been applied yet (it is being replayed).
+	restarted bool
+	// discarded: a batch was lost after its seq was accepted (Discard).
+	discarded bool
+	stats     TrackerStats
 }
 
 // NewTracker returns a tracker for a stream it knows nothing about. restartWindow is
@@ -109,14 +127,17 @@ func NewTracker(restartWindow uint64) *Tracker {
 	return &Tracker{restartWindow: restartWindow}
 }
 
-// Resume positions the tracker after a stream whose batches up to and including
-// last were applied (the cursor a replicated index kept): the next live batch is
+// Resume positions the tracker after the cursor of a stream that is already in the
+// index (batches up to c.Seq applied, in epoch c.Epoch): the next live batch is
 // checked against it instead of being accepted as a start. Counters are kept.
-func (t *Tracker) Resume(last uint64) {
+func (t *Tracker) Resume(c Cursor) {
 	t.started = true
-	t.next = last + 1
+	t.next = c.Seq + 1
+	t.epoch = c.Epoch
 	t.liveSeen = false
 	t.replaying = false
+	t.restarted = false
+	t.discarded = false
 }
 
 // Observe decides what to do with a live batch; see Tracker for the rules. While a
@@ -132,63 +153,95 @@ func (t *Tracker) Observe(seq uint64) Decision {
 	if t.liveSeen {
 		wentBack = seq <= t.lastLive
 	}
-	if !t.liveSeen || seq > t.lastLive {
+	restart := seq < t.next && wentBack && seq < t.restartWindow
+	if restart || !t.liveSeen || seq > t.lastLive {
 		t.liveSeen, t.lastLive = true, seq
 	}
 	switch {
-	case seq < t.next && wentBack && seq < t.restartWindow:
+	case restart:
 		t.stats.Restarts++
 		t.next = 0
-		t.liveSeen = false
 		t.replaying = false
-		return Decision{Action: ActionRestart}
+		t.restarted = true
+		if seq == 0 {
+			return Decision{Action: t.applied(false)}
+		}
+		return t.openGap(seq)
 	case seq < t.next:
 		t.stats.Duplicates++
 		return Decision{Action: ActionDuplicate}
 	case seq == t.next:
-		t.next++
-		t.stats.Applied++
-		return Decision{Action: ActionApply}
+		return Decision{Action: t.applied(false)}
 	}
-	gap := Decision{Action: ActionGap, From: t.next, To: seq - 1}
-	if !t.replaying {
-		t.replaying = true
-		t.held = seq
-		t.stats.Gaps++
+	if t.replaying {
+		return Decision{Action: ActionGap, From: t.next, To: seq - 1}
 	}
-	return gap
+	return t.openGap(seq)
+}
+
+func (t *Tracker) openGap(seq uint64) Decision {
+	t.replaying = true
+	t.held = seq
+	t.stats.Gaps++
+	return Decision{Action: ActionGap, From: t.next, To: seq - 1}
+}
+
+// applied advances past the batch at next and says how to apply it.
+func (t *Tracker) applied(replayed bool) Action {
+	t.next++
+	t.stats.Applied++
+	if replayed {
+		t.stats.Replayed++
+	}
+	switch {
+	case t.restarted:
+		t.restarted = false
+		t.epoch++
+		return ActionRestart
+	case t.discarded:
+		t.discarded = false
+		t.stats.Resets++
+		t.epoch++
+		return ActionReset
+	}
+	return ActionApply
+}
+
+// reset jumps the cursor to seq, past a hole no replay can fill, and applies it.
+func (t *Tracker) reset(seq uint64, replayed bool) Action {
+	t.stats.Resets++
+	t.next = seq
+	t.restarted = false
+	t.discarded = false
+	t.applied(replayed)
+	t.epoch++
+	return ActionReset
 }
 
 // Replayed decides what to do with a batch that a replay brought: ActionApply,
-// ActionDuplicate, or ActionReset when the replay skipped seqs we need (drop the
-// worker's blocks, then apply this batch).
+// ActionRestart (the first batch after an engine restart), ActionDuplicate, or
+// ActionReset when the replay skipped seqs we need (drop the worker's blocks, then
+// apply this batch).
 func (t *Tracker) Replayed(seq uint64) Action {
-	if !t.started {
+	switch {
+	case !t.started:
 		t.started = true
 		t.next = seq
-	}
-	switch {
+		return t.applied(true)
 	case seq < t.next:
 		t.stats.Duplicates++
 		return ActionDuplicate
 	case seq == t.next:
-		t.next++
-		t.stats.Applied++
-		t.stats.Replayed++
-		return ActionApply
+		return t.applied(true)
 	}
-	t.next = seq + 1
-	t.stats.Resets++
-	t.stats.Applied++
-	t.stats.Replayed++
-	return ActionReset
+	return t.reset(seq, true)
 }
 
 // FinishReplay closes the replay opened by ActionGap (it ended, failed or timed out,
-// or there is no replay endpoint) and decides about the held batch: ActionApply when
-// the replay filled the gap up to it, ActionDuplicate when the replay brought it too,
-// ActionReset when the gap is still open (drop the worker's blocks, then apply it).
-// Without an open replay it returns ActionNone.
+// or there is no replay endpoint) and decides about the held batch: ActionApply (or
+// ActionRestart) when the replay filled the gap up to it, ActionDuplicate when the
+// replay brought it too, ActionReset when the gap is still open (drop the worker's
+// blocks, then apply it). Without an open replay it returns ActionNone.
 func (t *Tracker) FinishReplay() Action {
 	if !t.replaying {
 		return ActionNone
@@ -199,23 +252,25 @@ func (t *Tracker) FinishReplay() Action {
 		t.stats.Duplicates++
 		return ActionDuplicate
 	case t.held == t.next:
-		t.next++
-		t.stats.Applied++
-		return ActionApply
+		return t.applied(false)
 	}
-	t.next = t.held + 1
-	t.stats.Resets++
-	t.stats.Applied++
-	return ActionReset
+	return t.reset(t.held, false)
 }
 
-// Last returns the seq of the last batch applied; ok is false before the first one
-// (and right after a restart).
-func (t *Tracker) Last() (seq uint64, ok bool) {
-	if !t.started || t.next == 0 {
-		return 0, false
+// Discard tells the tracker that a batch it said to apply could not be (its payload
+// did not decode). Its events are lost, and a lost BlockRemoved would leave stale
+// blocks, so the next batch to apply comes with a clear (ActionReset).
+func (t *Tracker) Discard() { t.discarded = true }
+
+// Cursor is the position of the stream: the seq of the last batch applied and the
+// epoch (the number of clears, ActionRestart or ActionReset, since the stream's
+// first batch or the Resume cursor's epoch). ok is false before the first batch is
+// applied and while an engine restart waits for its first batch.
+func (t *Tracker) Cursor() (c Cursor, ok bool) {
+	if !t.started || t.next == 0 || t.restarted {
+		return Cursor{Epoch: t.epoch}, false
 	}
-	return t.next - 1, true
+	return Cursor{Seq: t.next - 1, Epoch: t.epoch}, true
 }
 
 // Replaying reports whether a replay is open (between ActionGap and FinishReplay).

@@ -7,10 +7,10 @@ import (
 
 // step is one call on a Tracker and what it must answer.
 type step struct {
-	op       string // "observe", "replayed", "finish", "resume"
+	op       string // "observe", "replayed", "finish", "resume", "discard"
 	seq      uint64
 	want     Action
-	from, to uint64 // for ActionGap
+	from, to uint64 // for ActionGap; from is the epoch for "resume"
 }
 
 func observe(seq uint64, want Action) step { return step{op: "observe", seq: seq, want: want} }
@@ -19,7 +19,8 @@ func gap(seq, from, to uint64) step {
 }
 func replayed(seq uint64, want Action) step { return step{op: "replayed", seq: seq, want: want} }
 func finish(want Action) step               { return step{op: "finish", want: want} }
-func resume(last uint64) step               { return step{op: "resume", seq: last} }
+func resume(last, epoch uint64) step        { return step{op: "resume", seq: last, from: epoch} }
+func discard() step                         { return step{op: "discard"} }
 
 // applyRange is observe(from..to) all applied.
 func applyRange(from, to uint64) []step {
@@ -45,24 +46,24 @@ func steps(parts ...any) []step {
 
 func TestTracker(t *testing.T) {
 	cases := []struct {
-		name     string
-		window   uint64
-		steps    []step
-		last     uint64
-		hasLast  bool
-		stats    TrackerStats
-		replying bool
+		name      string
+		window    uint64
+		steps     []step
+		cursor    Cursor
+		hasCursor bool
+		stats     TrackerStats
+		replaying bool
 	}{
 		{
-			name:  "first batch is accepted whatever its seq",
-			steps: steps(observe(500, ActionApply), observe(501, ActionApply)),
-			last:  501, hasLast: true,
+			name:   "first batch is accepted whatever its seq",
+			steps:  steps(observe(500, ActionApply), observe(501, ActionApply)),
+			cursor: Cursor{Seq: 501}, hasCursor: true,
 			stats: TrackerStats{Applied: 2},
 		},
 		{
-			name:  "in order from zero",
-			steps: applyRange(0, 3),
-			last:  3, hasLast: true,
+			name:   "in order from zero",
+			steps:  applyRange(0, 3),
+			cursor: Cursor{Seq: 3}, hasCursor: true,
 			stats: TrackerStats{Applied: 4},
 		},
 		{
@@ -70,7 +71,7 @@ func TestTracker(t *testing.T) {
 			steps: steps(applyRange(0, 2), gap(5, 3, 4),
 				replayed(3, ActionApply), replayed(4, ActionApply), finish(ActionApply),
 				observe(6, ActionApply)),
-			last: 6, hasLast: true,
+			cursor: Cursor{Seq: 6}, hasCursor: true,
 			stats: TrackerStats{Applied: 7, Replayed: 2, Gaps: 1},
 		},
 		{
@@ -81,7 +82,7 @@ func TestTracker(t *testing.T) {
 				finish(ActionDuplicate),
 				observe(6, ActionDuplicate), observe(7, ActionDuplicate), observe(8, ActionDuplicate),
 				observe(9, ActionApply)),
-			last: 9, hasLast: true,
+			cursor: Cursor{Seq: 9}, hasCursor: true,
 			stats: TrackerStats{Applied: 10, Replayed: 6, Duplicates: 4, Gaps: 1},
 		},
 		{
@@ -89,7 +90,7 @@ func TestTracker(t *testing.T) {
 			steps: steps(applyRange(0, 2), gap(10, 3, 9),
 				replayed(6, ActionReset), replayed(7, ActionApply), replayed(8, ActionApply), replayed(9, ActionApply),
 				finish(ActionApply), observe(11, ActionApply)),
-			last: 11, hasLast: true,
+			cursor: Cursor{Seq: 11, Epoch: 1}, hasCursor: true,
 			stats: TrackerStats{Applied: 9, Replayed: 4, Gaps: 1, Resets: 1},
 		},
 		{
@@ -97,21 +98,28 @@ func TestTracker(t *testing.T) {
 			steps: steps(applyRange(0, 2), gap(10, 3, 9),
 				replayed(3, ActionApply), replayed(4, ActionApply), finish(ActionReset),
 				observe(11, ActionApply)),
-			last: 11, hasLast: true,
+			cursor: Cursor{Seq: 11, Epoch: 1}, hasCursor: true,
 			stats: TrackerStats{Applied: 7, Replayed: 2, Gaps: 1, Resets: 1},
 		},
 		{
-			name:  "no replay possible: finish at once resets",
-			steps: steps(applyRange(0, 2), gap(10, 3, 9), finish(ActionReset), observe(11, ActionApply)),
-			last:  11, hasLast: true,
+			name:   "no replay possible: finish at once resets",
+			steps:  steps(applyRange(0, 2), gap(10, 3, 9), finish(ActionReset), observe(11, ActionApply)),
+			cursor: Cursor{Seq: 11, Epoch: 1}, hasCursor: true,
 			stats: TrackerStats{Applied: 5, Gaps: 1, Resets: 1},
+		},
+		{
+			name: "two unfillable gaps are two epochs",
+			steps: steps(observe(0, ActionApply), gap(5, 1, 4), finish(ActionReset),
+				gap(9, 6, 8), replayed(7, ActionReset), replayed(8, ActionApply), finish(ActionApply)),
+			cursor: Cursor{Seq: 9, Epoch: 2}, hasCursor: true,
+			stats: TrackerStats{Applied: 5, Replayed: 2, Gaps: 2, Resets: 2},
 		},
 		{
 			name: "replayed duplicates before the gap are dropped",
 			steps: steps(applyRange(0, 2), gap(5, 3, 4),
 				replayed(1, ActionDuplicate), replayed(2, ActionDuplicate), replayed(3, ActionApply),
 				replayed(4, ActionApply), finish(ActionApply)),
-			last: 5, hasLast: true,
+			cursor: Cursor{Seq: 5}, hasCursor: true,
 			stats: TrackerStats{Applied: 6, Replayed: 2, Duplicates: 2, Gaps: 1},
 		},
 		{
@@ -119,72 +127,101 @@ func TestTracker(t *testing.T) {
 			steps: steps(applyRange(0, 2), gap(5, 3, 4), gap(7, 3, 6),
 				replayed(3, ActionApply), replayed(4, ActionApply), replayed(5, ActionApply),
 				replayed(6, ActionApply), replayed(7, ActionApply), finish(ActionDuplicate)),
-			last: 7, hasLast: true,
+			cursor: Cursor{Seq: 7}, hasCursor: true,
 			stats: TrackerStats{Applied: 8, Replayed: 5, Duplicates: 1, Gaps: 1},
 		},
 		{
-			name: "engine restart: seq back to 0, then the new stream",
-			steps: steps(applyRange(0, 5), observe(0, ActionRestart),
-				observe(0, ActionApply), observe(1, ActionApply)),
-			last: 1, hasLast: true,
+			name:   "engine restart: seq back to 0 clears the worker and applies the batch",
+			steps:  steps(applyRange(0, 5), observe(0, ActionRestart), observe(1, ActionApply)),
+			cursor: Cursor{Seq: 1, Epoch: 1}, hasCursor: true,
 			stats: TrackerStats{Applied: 8, Restarts: 1},
 		},
 		{
-			name: "engine restart seen late: the new stream's start is replayed",
-			steps: steps(applyRange(100, 101), observe(2, ActionRestart), gap(2, 0, 1),
-				replayed(0, ActionApply), replayed(1, ActionApply), finish(ActionApply)),
-			last: 2, hasLast: true,
-			stats: TrackerStats{Applied: 5, Replayed: 2, Gaps: 1, Restarts: 1},
+			name: "engine restart seen late: the new stream's start is replayed, its first batch clears",
+			steps: steps(applyRange(100, 101), gap(2, 0, 1),
+				replayed(0, ActionRestart), replayed(1, ActionApply), finish(ActionApply), observe(3, ActionApply)),
+			cursor: Cursor{Seq: 3, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 6, Replayed: 2, Gaps: 1, Restarts: 1},
 		},
 		{
-			name:  "engine restart right after its first batch",
-			steps: steps(observe(0, ActionApply), observe(0, ActionRestart), observe(0, ActionApply)),
-			last:  0, hasLast: true,
-			stats: TrackerStats{Applied: 2, Restarts: 1},
+			name:   "engine restart seen late, replay impossible: one reset",
+			steps:  steps(applyRange(0, 9), gap(3, 0, 2), finish(ActionReset), observe(4, ActionApply)),
+			cursor: Cursor{Seq: 4, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 12, Gaps: 1, Restarts: 1, Resets: 1},
+		},
+		{
+			name:   "engine restart right after its first batch",
+			steps:  steps(observe(0, ActionApply), observe(0, ActionRestart), observe(1, ActionApply)),
+			cursor: Cursor{Seq: 1, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 3, Restarts: 1},
 		},
 		{
 			name:   "going back far from zero is a duplicate, not a restart",
 			window: 1000,
 			steps:  steps(applyRange(5000, 5001), observe(4000, ActionDuplicate), observe(5002, ActionApply)),
-			last:   5002, hasLast: true,
+			cursor: Cursor{Seq: 5002}, hasCursor: true,
 			stats: TrackerStats{Applied: 3, Duplicates: 1},
 		},
 		{
-			name:    "restart while a replay is open abandons the replay",
-			steps:   steps(applyRange(0, 2), gap(5, 3, 4), observe(0, ActionRestart), finish(ActionNone)),
-			hasLast: false,
-			stats:   TrackerStats{Applied: 3, Gaps: 1, Restarts: 1},
+			name:   "restart while a replay is open abandons the replay",
+			steps:  steps(applyRange(0, 2), gap(5, 3, 4), observe(0, ActionRestart), finish(ActionNone)),
+			cursor: Cursor{Seq: 0, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 4, Gaps: 1, Restarts: 1},
 		},
 		{
-			name:  "resume from a cursor continues after it",
-			steps: steps(resume(99), observe(100, ActionApply)),
-			last:  100, hasLast: true,
+			name:   "resume from a cursor continues after it, in its epoch",
+			steps:  steps(resume(99, 4), observe(100, ActionApply)),
+			cursor: Cursor{Seq: 100, Epoch: 4}, hasCursor: true,
 			stats: TrackerStats{Applied: 1},
 		},
 		{
-			name:  "resume from a cursor, then a gap",
-			steps: steps(resume(99), gap(105, 100, 104), replayed(100, ActionApply)),
-			last:  100, hasLast: true, replying: true,
+			name:   "resume from a cursor, then a gap",
+			steps:  steps(resume(99, 0), gap(105, 100, 104), replayed(100, ActionApply)),
+			cursor: Cursor{Seq: 100}, hasCursor: true, replaying: true,
 			stats: TrackerStats{Applied: 1, Replayed: 1, Gaps: 1},
 		},
 		{
-			name:    "resume from a cursor, then a seq near 0 is a restart",
-			steps:   steps(resume(99), observe(3, ActionRestart), gap(3, 0, 2)),
-			hasLast: false, replying: true,
+			name:   "resume from a cursor, then a seq near 0 is a restart awaiting its first batch",
+			steps:  steps(resume(99, 2), gap(3, 0, 2)),
+			cursor: Cursor{Epoch: 2}, hasCursor: false, replaying: true,
 			stats: TrackerStats{Restarts: 1, Gaps: 1},
 		},
 		{
 			name:   "resume from a cursor, then an old seq beyond the window is a duplicate",
 			window: 10,
-			steps:  steps(resume(99), observe(50, ActionDuplicate), observe(100, ActionApply)),
-			last:   100, hasLast: true,
+			steps:  steps(resume(99, 0), observe(50, ActionDuplicate), observe(100, ActionApply)),
+			cursor: Cursor{Seq: 100}, hasCursor: true,
 			stats: TrackerStats{Applied: 1, Duplicates: 1},
 		},
 		{
-			name:  "finish without an open replay does nothing",
-			steps: steps(observe(0, ActionApply), finish(ActionNone)),
-			last:  0, hasLast: true,
+			name:   "finish without an open replay does nothing",
+			steps:  steps(observe(0, ActionApply), finish(ActionNone)),
+			cursor: Cursor{Seq: 0}, hasCursor: true,
 			stats: TrackerStats{Applied: 1},
+		},
+		{
+			name:   "a batch that did not decode makes the next one clear the worker",
+			steps:  steps(applyRange(0, 2), discard(), observe(3, ActionReset), observe(4, ActionApply)),
+			cursor: Cursor{Seq: 4, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 5, Resets: 1},
+		},
+		{
+			name: "a discarded replayed batch makes the next one clear",
+			steps: steps(applyRange(0, 2), gap(5, 3, 4), replayed(3, ActionApply), discard(),
+				replayed(4, ActionReset), finish(ActionApply)),
+			cursor: Cursor{Seq: 5, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 6, Replayed: 2, Gaps: 1, Resets: 1},
+		},
+		{
+			name:   "a reset already clears what a discard asked for",
+			steps:  steps(applyRange(0, 2), discard(), gap(5, 3, 4), finish(ActionReset), observe(6, ActionApply)),
+			cursor: Cursor{Seq: 6, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 5, Gaps: 1, Resets: 1},
+		},
+		{
+			name:      "nothing applied yet",
+			steps:     nil,
+			hasCursor: false,
 		},
 	}
 	for _, c := range cases {
@@ -208,18 +245,20 @@ func TestTracker(t *testing.T) {
 						t.Fatalf("%s: got %s, want %s", at, got, s.want)
 					}
 				case "resume":
-					tr.Resume(s.seq)
+					tr.Resume(Cursor{Seq: s.seq, Epoch: s.from})
+				case "discard":
+					tr.Discard()
 				}
 			}
-			last, ok := tr.Last()
-			if ok != c.hasLast || (ok && last != c.last) {
-				t.Errorf("Last() = %d, %v; want %d, %v", last, ok, c.last, c.hasLast)
+			cur, ok := tr.Cursor()
+			if ok != c.hasCursor || cur != c.cursor {
+				t.Errorf("Cursor() = %+v, %v; want %+v, %v", cur, ok, c.cursor, c.hasCursor)
 			}
 			if got := tr.Stats(); got != c.stats {
 				t.Errorf("stats %+v, want %+v", got, c.stats)
 			}
-			if tr.Replaying() != c.replying {
-				t.Errorf("Replaying() = %v, want %v", tr.Replaying(), c.replying)
+			if tr.Replaying() != c.replaying {
+				t.Errorf("Replaying() = %v, want %v", tr.Replaying(), c.replaying)
 			}
 		})
 	}
@@ -228,12 +267,23 @@ func TestTracker(t *testing.T) {
 func TestNewTrackerDefaultWindow(t *testing.T) {
 	tr := NewTracker(0)
 	tr.Observe(DefaultRestartWindow + 10)
-	if d := tr.Observe(DefaultRestartWindow - 1); d.Action != ActionRestart {
-		t.Fatalf("seq just below the default window: got %s, want restart", d.Action)
+	if d := tr.Observe(DefaultRestartWindow - 1); d.Action != ActionGap || d.From != 0 {
+		t.Fatalf("seq just below the default window: got %+v, want a restart replaying from 0", d)
 	}
 	tr = NewTracker(0)
 	tr.Observe(DefaultRestartWindow + 10)
 	if d := tr.Observe(DefaultRestartWindow); d.Action != ActionDuplicate {
 		t.Fatalf("seq at the default window: got %s, want duplicate", d.Action)
+	}
+}
+
+func TestActionClearsAndApplies(t *testing.T) {
+	for a := ActionNone; a <= ActionReset; a++ {
+		if want := a == ActionRestart || a == ActionReset; a.Clears() != want {
+			t.Errorf("%s.Clears() = %v, want %v", a, a.Clears(), want)
+		}
+		if want := a == ActionApply || a == ActionRestart || a == ActionReset; a.Applies() != want {
+			t.Errorf("%s.Applies() = %v, want %v", a, a.Applies(), want)
+		}
 	}
 }
