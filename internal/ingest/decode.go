@@ -55,6 +55,9 @@ type Decoder struct {
 	payload    []byte // what r reads, for the integer-list fast path
 	dec        *msgpack.Decoder
 	stats      DecodeStats
+	// salt collects the plain strings of the current event's extra_keys[0]
+	// (saltFromExtraKeys).
+	salt extraKeyStrings
 }
 
 // NewDecoder returns a decoder that rejects payloads larger than maxPayload bytes
@@ -226,6 +229,7 @@ func (d *Decoder) arrayEvent() (ev Event, known bool, err error) {
 		d.unknownEvent(tag)
 		return ev, false, d.skipN(n - 1)
 	}
+	d.salt = extraKeyStrings{}
 	order := fieldOrder[ev.Kind]
 	for pos := 0; pos < n-1; pos++ {
 		// SGLang appends its metadata map right after medium (BlockStoredWithMetadata
@@ -256,6 +260,7 @@ func (d *Decoder) arrayEvent() (ev Event, known bool, err error) {
 	if have, want := n-1, requiredPositions[ev.Kind]; have < want {
 		return ev, false, fmt.Errorf("%s array has %d fields, want at least %d", ev.Kind, have, want)
 	}
+	d.saltFromExtraKeys(&ev)
 	return ev, true, nil
 }
 
@@ -265,6 +270,7 @@ func (d *Decoder) mapEvent() (ev Event, known bool, err error) {
 		return ev, false, err
 	}
 	var seen fieldSet
+	d.salt = extraKeyStrings{}
 	for i := 0; i < n; i++ {
 		key, ok, err := d.key()
 		if err != nil {
@@ -321,6 +327,7 @@ func (d *Decoder) mapEvent() (ev Event, known bool, err error) {
 			}
 		}
 	}
+	d.saltFromExtraKeys(&ev)
 	return ev, true, nil
 }
 
@@ -494,9 +501,9 @@ func (d *Decoder) decodeField(ev *Event, f field) error {
 		ev.CacheSalt, err = d.optString()
 	case fMetadata:
 		err = d.metadata(ev)
-	case fExtraKeys, fOwnership, fSessionID:
-		// Known, not used by the index: extra_keys only matter to consumers that
-		// recompute vLLM's own hashes.
+	case fExtraKeys:
+		err = d.extraKeys()
+	case fOwnership, fSessionID:
 		err = d.skip(0)
 	}
 	if err != nil {
@@ -516,6 +523,79 @@ func onlyFieldsOf(ev Event) Event {
 		return Event{Kind: ev.Kind}
 	}
 	return ev
+}
+
+// extraKeyStrings are the top-level plain strings of a BlockStored's extra_keys[0].
+type extraKeyStrings struct {
+	first, last []byte
+	n           int
+}
+
+// extraKeys reads vLLM's extra_keys: per block nil or a tuple of the block's extra
+// hash inputs, in the order LoRA name, multimodal keys (tuples), cache salt (a
+// request's first block only), prompt-embedding hashes (bytes). Only the first
+// block's plain strings are kept, for saltFromExtraKeys.
+func (d *Decoder) extraKeys() error {
+	n, err := d.arrayLen()
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		c, err := d.peek()
+		if err != nil {
+			return err
+		}
+		if i > 0 || !isArrayCode(c) {
+			if err := d.skip(1); err != nil {
+				return err
+			}
+			continue
+		}
+		m, err := d.arrayLen()
+		if err != nil {
+			return err
+		}
+		for j := 0; j < m; j++ {
+			c, err := d.peek()
+			if err != nil {
+				return err
+			}
+			if !msgpcode.IsString(c) {
+				if err := d.skip(2); err != nil {
+					return err
+				}
+				continue
+			}
+			s, err := d.readBytes()
+			if err != nil {
+				return err
+			}
+			if d.salt.n == 0 {
+				d.salt.first = s
+			}
+			d.salt.last = s
+			d.salt.n++
+		}
+	}
+	return nil
+}
+
+// saltFromExtraKeys sets a BlockStored's CacheSalt from extra_keys when it has none:
+// vLLM sends the salt nowhere else. Of the first block's plain strings, a leading one
+// equal to the LoRA name is the LoRA key; the last one after it is the salt. (A vLLM
+// that sent multimodal keys as plain strings would have one taken for a salt when no
+// salt is set: its blocks would then be indexed apart, never matched wrongly.)
+func (d *Decoder) saltFromExtraKeys(ev *Event) {
+	strs := d.salt
+	if ev.Kind != BlockStored || ev.CacheSalt != "" || strs.n == 0 {
+		return
+	}
+	if ev.LoRAName != "" && string(strs.first) == ev.LoRAName {
+		if strs.n == 1 {
+			return
+		}
+	}
+	ev.CacheSalt = string(strs.last)
 }
 
 // metadata decodes SGLang's BlockStoredMetadata map ({"cache_salt": ...}).

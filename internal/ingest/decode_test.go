@@ -177,6 +177,76 @@ batch map names the rank attn_dp_rank, as SGLang does.`,
 		}},
 	},
 	{
+		name: "vllm_extra_keys_cache_salt",
+		about: `vLLM sends a request's cache_salt only inside extra_keys, in the first block's
+tuple: LoRA name, multimodal keys (tuples), salt, prompt-embedding hashes (bytes).
+The decoder takes the plain string after the LoRA name as the salt.`,
+		build: func(a *annotator) {
+			a.array(3, "EventBatch", func() {
+				a.float(1700000009, "ts")
+				a.array(3, "events", func() {
+					a.mapOf(9, "BlockStored, salted first blocks of a LoRA request with an image", func() {
+						a.field("type", func() { a.str("BlockStored", "tag") })
+						a.field("block_hashes", func() { a.uints([]uint64{51, 52}, "block_hashes") })
+						a.field("parent_block_hash", func() { a.nil("first block of the request") })
+						a.field("token_ids", func() { a.uints([]uint64{1, 2, 3, 4}, "token_ids") })
+						a.field("block_size", func() { a.uint(2, "block_size") })
+						a.field("lora_id", func() { a.uint(1, "lora_id") })
+						a.field("medium", func() { a.str("GPU", "medium") })
+						a.field("lora_name", func() { a.str("sql", "lora_name") })
+						a.field("extra_keys", func() {
+							a.array(2, "one tuple per block", func() {
+								a.array(4, "block 0", func() {
+									a.str("sql", "LoRA name")
+									a.array(2, "multimodal key", func() {
+										a.str("img-1", "identifier")
+										a.uint(0, "offset")
+									})
+									a.str("tenant-z", "cache salt")
+									a.bin(seqBytes(4, 0xa0), "prompt-embedding hash")
+								})
+								a.array(1, "block 1: no salt after the first block", func() { a.str("sql", "LoRA name") })
+							})
+						})
+					})
+					a.mapOf(8, "BlockStored, a LoRA request without salt", func() {
+						a.field("type", func() { a.str("BlockStored", "tag") })
+						a.field("block_hashes", func() { a.uints([]uint64{61}, "block_hashes") })
+						a.field("parent_block_hash", func() { a.nil("") })
+						a.field("token_ids", func() { a.uints([]uint64{1, 2}, "token_ids") })
+						a.field("block_size", func() { a.uint(2, "block_size") })
+						a.field("medium", func() { a.nil("medium") })
+						a.field("lora_name", func() { a.str("sql", "lora_name") })
+						a.field("extra_keys", func() {
+							a.array(1, "", func() { a.array(1, "block 0", func() { a.str("sql", "LoRA name") }) })
+						})
+					})
+					a.array(9, "BlockStored array, salt without LoRA", func() {
+						a.str("BlockStored", "tag")
+						a.uints([]uint64{71, 72}, "block_hashes")
+						a.nil("parent_block_hash")
+						a.uints([]uint64{1, 2, 3, 4}, "token_ids")
+						a.uint(2, "block_size")
+						a.nil("lora_id")
+						a.nil("medium")
+						a.nil("lora_name")
+						a.array(2, "extra_keys", func() {
+							a.array(1, "block 0", func() { a.str("tenant-y", "cache salt") })
+							a.nil("block 1: no extra keys")
+						})
+					})
+				})
+				a.uint(0, "data_parallel_rank")
+			})
+		},
+		want: EventBatch{TS: 1700000009, HasDPRank: true, Events: []Event{
+			{Kind: BlockStored, BlockHashes: []uint64{51, 52}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2,
+				LoRAID: 1, HasLoRAID: true, LoRAName: "sql", CacheSalt: "tenant-z"},
+			{Kind: BlockStored, BlockHashes: []uint64{61}, TokenIDs: []uint32{1, 2}, BlockSize: 2, LoRAName: "sql"},
+			{Kind: BlockStored, BlockHashes: []uint64{71, 72}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, CacheSalt: "tenant-y"},
+		}},
+	},
+	{
 		name: "sglang_legacy_negative_hashes",
 		about: `Old SGLang: batch [ts, events] without a rank, tagged array events, signed int64
 hashes (Python hash()), negative ones in every msgpack int width. BlockRemoved has
@@ -322,10 +392,13 @@ only BlockStored has, an AllBlocksCleared with a field. All are skipped and coun
 						a.uint(3, "lora_id")
 						a.str("DISK", "medium")
 						a.str("lora-x", "lora_name")
-						a.array(1, "extra_keys (skipped)", func() {
-							a.array(2, "keys of block 0", func() {
-								a.str("mm-hash", "")
-								a.uint(0, "")
+						a.array(1, "extra_keys", func() {
+							a.array(2, "keys of block 0: LoRA name, one image; no salt", func() {
+								a.str("lora-x", "LoRA name")
+								a.array(2, "multimodal key", func() {
+									a.str("img-1", "identifier")
+									a.uint(0, "offset in the block")
+								})
 							})
 						})
 						a.uint(1, "group_idx")

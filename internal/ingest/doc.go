@@ -30,7 +30,8 @@
 //     any later one. SGLang's BlockStoredWithMetadata appends a map
 //     {"cache_salt": ...} right after medium; in arrays any map from the lora_name
 //     position on is taken as that metadata. SGLang's map events carry cache_salt as
-//     a key of their own.
+//     a key of their own. vLLM sends the salt only inside extra_keys (the first
+//     block's tuple, after the LoRA name); the decoder takes it from there.
 //   - BlockRemoved: block_hashes, medium, group_idx, locality, ownership.
 //     AllBlocksCleared: no fields (any it has are counted and ignored, so it always
 //     clears every tier).

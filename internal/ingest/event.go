@@ -70,8 +70,10 @@ type Event struct {
 	// Medium is where the blocks live; nil or absent on the wire is MediumGPU.
 	Medium Medium
 
-	// CacheSalt isolates tenants' prefixes (SGLang sends it in a metadata map or as a
-	// cache_salt key). It is part of the block namespace.
+	// CacheSalt isolates tenants' prefixes; it is part of the block namespace. SGLang
+	// sends it in a metadata map or as a cache_salt key, vLLM in extra_keys of the
+	// request's first block only: a vLLM BlockStored that continues a chain
+	// (HasParent) carries none and belongs to its parent's namespace.
 	CacheSalt string
 
 	// GroupIdx is vLLM's KV-cache group (hybrid models); HasGroupIdx false when absent.
