@@ -1,0 +1,132 @@
+package ingest
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/kvindex/kvindex/internal/radix"
+)
+
+// ErrUnknownOp: a StreamBatch carried an Op kind this version does not know.
+var ErrUnknownOp = errors.New("unknown index op")
+
+// Applier applies StreamBatches to a radix.Index exactly once each: it keeps every
+// stream's Cursor and drops a batch at or behind it, so a batch delivered twice (a
+// re-proposal after a Raft leader change, a replay that overlaps live traffic) changes
+// nothing the second time. Its state (the index plus the cursors) is what a Raft
+// snapshot holds, and it is deterministic: the same batches in the same order give the
+// same index and cursors on every replica.
+//
+// Apply and RemoveWorker must be called from one goroutine (the apply loop); Cursor,
+// Cursors and the Index's readers may run concurrently with it.
+type Applier struct {
+	index *radix.Index
+
+	mu      sync.RWMutex
+	cursors map[Stream]Cursor // guarded by mu
+}
+
+var _ CursorSource = (*Applier)(nil)
+
+// NewApplier returns an Applier over ix, with no cursors.
+func NewApplier(ix *radix.Index) *Applier {
+	return &Applier{index: ix, cursors: map[Stream]Cursor{}}
+}
+
+// Index is the index this Applier writes.
+func (a *Applier) Index() *radix.Index { return a.index }
+
+// ApplyResult says what Apply did with one batch.
+type ApplyResult struct {
+	Applied bool // false: the batch was at or behind the stream's cursor and was dropped
+	// OpErrors counts Ops the index refused (for example a hash/key length mismatch);
+	// the other Ops of the batch were applied. Refusals are deterministic, so replicas agree.
+	OpErrors int
+	FirstErr error
+}
+
+// Apply applies b unless the stream has already applied it: a batch is new when its
+// Epoch is greater than the cursor's, or equal with a greater Seq. A Reset batch
+// clears the stream's blocks before its Ops.
+func (a *Applier) Apply(b StreamBatch) ApplyResult {
+	a.mu.RLock()
+	cur, seen := a.cursors[b.Stream]
+	a.mu.RUnlock()
+	if seen && (b.Epoch < cur.Epoch || (b.Epoch == cur.Epoch && b.Seq <= cur.Seq)) {
+		return ApplyResult{}
+	}
+	if b.Reset {
+		a.index.Cleared(b.Stream)
+	}
+	res := ApplyResult{Applied: true}
+	for i := range b.Ops {
+		if err := a.applyOp(b.Stream, &b.Ops[i]); err != nil {
+			res.OpErrors++
+			if res.FirstErr == nil {
+				res.FirstErr = fmt.Errorf("stream %s/%d seq %d op %d: %w", b.Stream.Worker, b.Stream.DPRank, b.Seq, i, err)
+			}
+		}
+	}
+	a.mu.Lock()
+	a.cursors[b.Stream] = Cursor{Seq: b.Seq, Epoch: b.Epoch}
+	a.mu.Unlock()
+	return res
+}
+
+func (a *Applier) applyOp(s Stream, op *Op) error {
+	switch op.Kind {
+	case OpStored:
+		_, err := a.index.Stored(s, op.Namespace, op.Parent, op.HasParent, op.Hashes, op.Keys, op.Tier)
+		return err
+	case OpRemoved:
+		_, err := a.index.Removed(s, op.Hashes, op.Tier)
+		return err
+	case OpCleared:
+		a.index.Cleared(s)
+		return nil
+	}
+	return fmt.Errorf("%w: op kind %d", ErrUnknownOp, op.Kind)
+}
+
+// RemoveWorker drops every block and cursor of every dp rank of worker.
+func (a *Applier) RemoveWorker(worker string) {
+	a.index.RemoveWorker(worker)
+	a.mu.Lock()
+	for s := range a.cursors {
+		if s.Worker == worker {
+			delete(a.cursors, s)
+		}
+	}
+	a.mu.Unlock()
+}
+
+// Cursor returns how far stream s has been applied.
+func (a *Applier) Cursor(s Stream) (Cursor, bool) {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	c, ok := a.cursors[s]
+	return c, ok
+}
+
+// Cursors returns a copy of every stream's cursor (for snapshots and status pages).
+func (a *Applier) Cursors() map[Stream]Cursor {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	out := make(map[Stream]Cursor, len(a.cursors))
+	for s, c := range a.cursors {
+		out[s] = c
+	}
+	return out
+}
+
+// SetCursors replaces every cursor (a snapshot restore, with the index restored beside it).
+func (a *Applier) SetCursors(c map[Stream]Cursor) {
+	cp := make(map[Stream]Cursor, len(c))
+	for s, v := range c {
+		cp[s] = v
+	}
+	a.mu.Lock()
+	a.cursors = cp
+	a.mu.Unlock()
+}

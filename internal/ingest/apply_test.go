@@ -1,0 +1,130 @@
+package ingest
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/kvindex/kvindex/internal/radix"
+)
+
+func storedOp(hashes, keys []uint64) Op {
+	return Op{Kind: OpStored, Namespace: 7, Hashes: hashes, Keys: keys, Tier: radix.TierGPU}
+}
+
+func matchedBlocks(t *testing.T, ix *radix.Index, s Stream, keys []uint64) int {
+	t.Helper()
+	for _, m := range ix.Match(7, keys, nil, nil) {
+		if m.Worker == s {
+			return m.Blocks
+		}
+	}
+	return 0
+}
+
+func TestApplierAppliesEachBatchOnce(t *testing.T) {
+	w := Stream{Worker: "w1"}
+	tests := []struct {
+		name        string
+		batches     []StreamBatch
+		wantApplied []bool
+		wantBlocks  int
+		wantCursor  Cursor
+	}{
+		{
+			name: "in order",
+			batches: []StreamBatch{
+				{Stream: w, Seq: 0, Ops: []Op{storedOp([]uint64{100}, []uint64{1})}},
+				{Stream: w, Seq: 1, Ops: []Op{{Kind: OpStored, Namespace: 7, Parent: 100, HasParent: true, Hashes: []uint64{101}, Keys: []uint64{2}}}},
+			},
+			wantApplied: []bool{true, true}, wantBlocks: 2, wantCursor: Cursor{Seq: 1},
+		},
+		{
+			name: "re-delivered batch is dropped",
+			batches: []StreamBatch{
+				{Stream: w, Seq: 5, Ops: []Op{storedOp([]uint64{100}, []uint64{1})}},
+				{Stream: w, Seq: 6, Ops: []Op{{Kind: OpRemoved, Hashes: []uint64{100}}}},
+				{Stream: w, Seq: 5, Ops: []Op{storedOp([]uint64{100}, []uint64{1})}},
+			},
+			wantApplied: []bool{true, true, false}, wantBlocks: 0, wantCursor: Cursor{Seq: 6},
+		},
+		{
+			name: "reset clears and starts a new epoch at a lower seq",
+			batches: []StreamBatch{
+				{Stream: w, Seq: 40, Ops: []Op{storedOp([]uint64{100, 101}, []uint64{1, 2})}},
+				{Stream: w, Seq: 0, Epoch: 1, Reset: true, Ops: []Op{storedOp([]uint64{200}, []uint64{1})}},
+			},
+			wantApplied: []bool{true, true}, wantBlocks: 1, wantCursor: Cursor{Seq: 0, Epoch: 1},
+		},
+		{
+			name: "re-delivered reset batch does not clear again",
+			batches: []StreamBatch{
+				{Stream: w, Seq: 0, Epoch: 1, Reset: true, Ops: []Op{storedOp([]uint64{200}, []uint64{1})}},
+				{Stream: w, Seq: 1, Epoch: 1, Ops: []Op{{Kind: OpStored, Namespace: 7, Parent: 200, HasParent: true, Hashes: []uint64{201}, Keys: []uint64{2}}}},
+				{Stream: w, Seq: 0, Epoch: 1, Reset: true, Ops: []Op{storedOp([]uint64{200}, []uint64{1})}},
+			},
+			wantApplied: []bool{true, true, false}, wantBlocks: 2, wantCursor: Cursor{Seq: 1, Epoch: 1},
+		},
+		{
+			name: "batch of an older epoch is dropped",
+			batches: []StreamBatch{
+				{Stream: w, Seq: 0, Epoch: 2, Reset: true},
+				{Stream: w, Seq: 9, Epoch: 1, Ops: []Op{storedOp([]uint64{100}, []uint64{1})}},
+			},
+			wantApplied: []bool{true, false}, wantBlocks: 0, wantCursor: Cursor{Seq: 0, Epoch: 2},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := NewApplier(radix.New(radix.Config{}))
+			for i, b := range tt.batches {
+				if got := a.Apply(b).Applied; got != tt.wantApplied[i] {
+					t.Fatalf("batch %d (seq %d epoch %d): applied=%v, want %v", i, b.Seq, b.Epoch, got, tt.wantApplied[i])
+				}
+			}
+			if got := matchedBlocks(t, a.Index(), w, []uint64{1, 2}); got != tt.wantBlocks {
+				t.Errorf("matched blocks = %d, want %d", got, tt.wantBlocks)
+			}
+			if c, ok := a.Cursor(w); !ok || c != tt.wantCursor {
+				t.Errorf("cursor = %+v (known %v), want %+v", c, ok, tt.wantCursor)
+			}
+		})
+	}
+}
+
+func TestApplierRefusedOpDoesNotStopTheBatch(t *testing.T) {
+	a := NewApplier(radix.New(radix.Config{}))
+	w := Stream{Worker: "w1"}
+	res := a.Apply(StreamBatch{Stream: w, Seq: 0, Ops: []Op{
+		storedOp([]uint64{100, 101}, []uint64{1}), // length mismatch: refused
+		{Kind: OpKind(99)},                        // unknown kind: refused
+		storedOp([]uint64{300}, []uint64{1}),
+	}})
+	if !res.Applied || res.OpErrors != 2 {
+		t.Fatalf("got %+v, want applied with 2 op errors", res)
+	}
+	if !errors.Is(res.FirstErr, radix.ErrLengthMismatch) {
+		t.Errorf("first error = %v, want radix.ErrLengthMismatch", res.FirstErr)
+	}
+	if got := matchedBlocks(t, a.Index(), w, []uint64{1}); got != 1 {
+		t.Errorf("the valid op was not applied: matched %d, want 1", got)
+	}
+}
+
+func TestApplierRemoveWorkerForgetsEveryRank(t *testing.T) {
+	a := NewApplier(radix.New(radix.Config{}))
+	for rank := uint32(0); rank < 2; rank++ {
+		a.Apply(StreamBatch{Stream: Stream{Worker: "w1", DPRank: rank}, Seq: 3, Ops: []Op{storedOp([]uint64{100}, []uint64{1})}})
+	}
+	a.Apply(StreamBatch{Stream: Stream{Worker: "w2"}, Seq: 1, Ops: []Op{storedOp([]uint64{100}, []uint64{1})}})
+	a.RemoveWorker("w1")
+	if got := a.Cursors(); len(got) != 1 {
+		t.Fatalf("cursors after removing w1 = %v, want only w2's", got)
+	}
+	if m := a.Index().Match(7, []uint64{1}, nil, nil); len(m) != 1 || m[0].Worker.Worker != "w2" {
+		t.Errorf("match after removing w1 = %+v, want only w2", m)
+	}
+	// A removed worker that comes back starts fresh: its old seq is not held against it.
+	if !a.Apply(StreamBatch{Stream: Stream{Worker: "w1"}, Seq: 0, Ops: nil}).Applied {
+		t.Error("a batch of a re-added worker was dropped")
+	}
+}
