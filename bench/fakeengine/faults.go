@@ -24,8 +24,29 @@ func (f Faults) MarshalJSON() ([]byte, error) {
 	return json.Marshal(faultsJSON{&f.DropEveryNBatches, &f.FailRate, &f.FailStatus, &hang})
 }
 
-// patch applies the fields present in data to f.
+// UnmarshalJSON sets the fields present in data (the MarshalJSON form).
+func (f *Faults) UnmarshalJSON(data []byte) error {
+	nf, err := f.apply(data)
+	if err != nil {
+		return err
+	}
+	*f = nf
+	return nil
+}
+
+// patch applies the fields present in data to f and validates the result.
 func (f Faults) patch(data []byte) (Faults, error) {
+	f, err := f.apply(data)
+	if err != nil {
+		return f, err
+	}
+	if err := f.validate(); err != nil {
+		return f, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	return f, nil
+}
+
+func (f Faults) apply(data []byte) (Faults, error) {
 	var p faultsJSON
 	if err := json.Unmarshal(data, &p); err != nil {
 		return f, fmt.Errorf("%w: faults: %v", ErrBadRequest, err)
@@ -45,9 +66,6 @@ func (f Faults) patch(data []byte) (Faults, error) {
 			return f, fmt.Errorf("%w: hang_before_first_token=%q: %v", ErrBadRequest, *p.HangBeforeFirstToken, err)
 		}
 		f.HangBeforeFirstToken = d
-	}
-	if err := f.validate(); err != nil {
-		return f, fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
 	return f, nil
 }

@@ -6,8 +6,11 @@ import (
 )
 
 // Run starts the engine or fleet cfg describes, serves until ctx is done, then
-// shuts down.
+// shuts down. A nil log discards.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	fleet, err := NewFleet(cfg, log)
 	if err != nil {
 		return err
