@@ -50,6 +50,9 @@ type StreamBatch struct {
 	Epoch  uint64
 	Reset  bool
 	Ops    []Op
+	// TS is the engine's timestamp of the batch (seconds since the epoch, 0 when
+	// unknown). It only feeds lag metrics; applying ignores it.
+	TS float64
 }
 
 // Cursor is how far a stream has been applied.

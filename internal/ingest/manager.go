@@ -1,0 +1,809 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var (
+	// ErrInvalidConfig is wrapped by every ManagerConfig error; the message names
+	// the flag and the bad value.
+	ErrInvalidConfig = errors.New("ingest: invalid config")
+	// ErrRunning: Run was called while a previous Run is still running.
+	ErrRunning = errors.New("ingest: manager already running")
+	// ErrClosed: the Manager was closed.
+	ErrClosed = errors.New("ingest: manager closed")
+	// ErrWorkerConflict: a worker id is already declared by a source that wins
+	// (flags over the registry over the workers file over discovery).
+	ErrWorkerConflict = errors.New("ingest: worker declared elsewhere")
+)
+
+// Transport is how KV events reach the indexer.
+type Transport string
+
+const (
+	// TransportZMQ: dial each worker's PUB socket (connect mode) and/or accept
+	// engines on --zmq-bind (bind mode).
+	TransportZMQ Transport = "zmq"
+	// TransportNATS: one subscription to <prefix>.*.* carrying relayed batches.
+	TransportNATS Transport = "nats"
+)
+
+// WorkerSource says who declared a worker.
+type WorkerSource string
+
+const (
+	SourceFlag     WorkerSource = "flag"       // ManagerConfig.Workers (--worker)
+	SourceRegistry WorkerSource = "registry"   // AddWorker
+	SourceFile     WorkerSource = "file"       // --workers-file
+	SourceDiscover WorkerSource = "discovered" // first event on the bind socket or NATS
+)
+
+// sourceRank orders sources: a worker declared by a higher one cannot be replaced
+// by a lower one.
+func sourceRank(s WorkerSource) int {
+	switch s {
+	case SourceFlag:
+		return 3
+	case SourceRegistry:
+		return 2
+	case SourceFile:
+		return 1
+	}
+	return 0
+}
+
+// ManagerConfig configures a Manager. DefaultManagerConfig gives the defaults.
+type ManagerConfig struct {
+	Transport Transport
+	// Workers are the statically declared workers (--worker).
+	Workers []WorkerSpec
+	// WorkersFile is a YAML file of workers (see ParseWorkers), re-read while Run
+	// runs whenever it changes (checked every WorkersFilePoll).
+	WorkersFile     string
+	WorkersFilePoll time.Duration
+	// ZMQBind is the endpoint of the bind-mode SUB socket engines connect to;
+	// empty disables bind mode. A "tcp://host:*" port picks a free one (BindEndpoint).
+	ZMQBind           string
+	NATSURL           string
+	NATSSubjectPrefix string
+	// DefaultBlockSize is the block size of workers whose spec gives none; events
+	// carrying another block_size are refused. 0 accepts each event's block_size.
+	DefaultBlockSize int
+	// MaxFrameBytes bounds an event batch payload: larger ones are counted and
+	// dropped. libzmq itself refuses frames above 4x this (plus 1 MiB) by
+	// dropping the sender's connection, so a hostile peer cannot make us allocate
+	// without bound.
+	MaxFrameBytes int
+	// ReplayTimeout is how long a replay may go without a reply before it fails.
+	ReplayTimeout time.Duration
+	// ReplayBackoffMax caps the pause after failed replays (it doubles from
+	// ReplayTimeout); gaps during the pause drop the worker's blocks at once.
+	ReplayBackoffMax time.Duration
+	// RestartWindow is the "near 0" bound of engine restart detection
+	// (DefaultRestartWindow when 0).
+	RestartWindow uint64
+	// BadInputLogInterval is the minimum interval between two log lines about the
+	// same kind of bad input.
+	BadInputLogInterval time.Duration
+	// PollInterval bounds how long a socket goroutine waits before it notices that
+	// its context ended.
+	PollInterval time.Duration
+}
+
+// DefaultNATSSubjectPrefix is the default subject prefix of relayed batches.
+const DefaultNATSSubjectPrefix = "kv.events"
+
+// DefaultMaxFrameBytes is the default MaxFrameBytes.
+const DefaultMaxFrameBytes = DefaultMaxPayload
+
+// DefaultManagerConfig returns the defaults.
+func DefaultManagerConfig() ManagerConfig {
+	return ManagerConfig{
+		Transport:           TransportZMQ,
+		WorkersFilePoll:     2 * time.Second,
+		NATSSubjectPrefix:   DefaultNATSSubjectPrefix,
+		DefaultBlockSize:    16,
+		MaxFrameBytes:       DefaultMaxFrameBytes,
+		ReplayTimeout:       2 * time.Second,
+		ReplayBackoffMax:    30 * time.Second,
+		BadInputLogInterval: 10 * time.Second,
+		PollInterval:        50 * time.Millisecond,
+	}
+}
+
+func invalidConfig(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+}
+
+// Validate reports the first bad value, naming its flag.
+func (c ManagerConfig) Validate() error {
+	switch {
+	case c.Transport != TransportZMQ && c.Transport != TransportNATS:
+		return invalidConfig("--kv-event-transport=%q must be zmq or nats", c.Transport)
+	case c.Transport == TransportNATS && c.NATSURL == "":
+		return invalidConfig("--kv-event-transport=nats needs --nats-url")
+	case c.Transport == TransportNATS && c.ZMQBind != "":
+		return invalidConfig("--zmq-bind=%q cannot be used with --kv-event-transport=nats", c.ZMQBind)
+	case c.DefaultBlockSize < 0 || c.DefaultBlockSize > maxBlockSize:
+		return invalidConfig("--block-size=%d must be between 0 and %d", c.DefaultBlockSize, maxBlockSize)
+	case c.MaxFrameBytes < 1024 || c.MaxFrameBytes > 1<<30:
+		return invalidConfig("--max-frame-bytes=%d must be between 1024 and %d", c.MaxFrameBytes, 1<<30)
+	case c.ReplayTimeout <= 0:
+		return invalidConfig("--replay-timeout=%v must be positive", c.ReplayTimeout)
+	case c.ReplayBackoffMax < 0:
+		return invalidConfig("replay back-off max %v must not be negative", c.ReplayBackoffMax)
+	case c.WorkersFilePoll <= 0:
+		return invalidConfig("workers file poll interval %v must be positive", c.WorkersFilePoll)
+	case c.BadInputLogInterval < 0:
+		return invalidConfig("bad input log interval %v must not be negative", c.BadInputLogInterval)
+	case c.PollInterval <= 0:
+		return invalidConfig("poll interval %v must be positive", c.PollInterval)
+	}
+	if c.Transport == TransportNATS {
+		if err := validSubjectPrefix(c.NATSSubjectPrefix); err != nil {
+			return invalidConfig("--nats-subject-prefix=%q: %v", c.NATSSubjectPrefix, err)
+		}
+	}
+	if c.ZMQBind != "" && !strings.Contains(c.ZMQBind, "://") {
+		return invalidConfig("--zmq-bind=%q is not a ZMQ endpoint (tcp://*:5557)", c.ZMQBind)
+	}
+	seen := map[string]bool{}
+	for _, w := range c.Workers {
+		if err := w.Validate(); err != nil {
+			return fmt.Errorf("%w: --worker: %w", ErrInvalidConfig, err)
+		}
+		if seen[w.ID] {
+			return invalidConfig("--worker id=%s given twice", w.ID)
+		}
+		seen[w.ID] = true
+	}
+	return nil
+}
+
+// Manager subscribes to engines' KV event streams and hands ordered batches to a
+// Sink. It owns a worker registry (static workers, the workers file, AddWorker and
+// workers discovered on the bind socket or NATS) and, while Run runs, one goroutine
+// per socket (receive + decode) and one per stream (sequence tracking, replay,
+// block keys, Submit).
+//
+// Every method is safe for concurrent use. Run may be called again after it
+// returned (a node that regains Raft leadership); Close releases the ZMQ context
+// once no Run is running.
+type Manager struct {
+	cfg     ManagerConfig
+	log     *slog.Logger
+	badLog  *rateLimitedLog
+	metrics *metrics
+	zs      *sockets
+
+	// change serialises registry changes (AddWorker, RemoveWorker, file reloads,
+	// discovery, the start and end of Run), including the wait for a removed
+	// worker's goroutines. A channel so that discovery can give up when its run ends.
+	change chan struct{}
+
+	mu       sync.Mutex
+	workers  map[string]*workerEntry // guarded by mu
+	byTopic  map[string]string       // guarded by mu: non-empty WorkerSpec.Topic -> worker id
+	run      *run                    // guarded by mu; nil when not running
+	bindAddr string                  // guarded by mu
+	closed   bool                    // guarded by mu
+	fileData []byte                  // guarded by change: the workers file as last applied
+}
+
+type workerEntry struct {
+	spec   WorkerSpec
+	source WorkerSource
+}
+
+// NewManager checks cfg, reads the workers file once (an unreadable or invalid file
+// is an error here, and only logged on later reloads) and registers the ingest
+// metrics on reg (none when nil).
+func NewManager(cfg ManagerConfig, logger *slog.Logger, reg prometheus.Registerer) (*Manager, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	met, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	m := &Manager{
+		cfg:     cfg,
+		log:     logger,
+		badLog:  newRateLimitedLog(logger, cfg.BadInputLogInterval),
+		metrics: met,
+		change:  make(chan struct{}, 1),
+		workers: map[string]*workerEntry{},
+		byTopic: map[string]string{},
+	}
+	for _, w := range cfg.Workers {
+		m.setEntry(w, SourceFlag)
+	}
+	if cfg.WorkersFile != "" {
+		data, err := os.ReadFile(cfg.WorkersFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --workers-file: %w", ErrInvalidConfig, err)
+		}
+		specs, err := ParseWorkers(data)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --workers-file %s: %w", ErrInvalidConfig, cfg.WorkersFile, err)
+		}
+		m.fileData = data
+		for _, w := range specs {
+			if _, taken := m.workers[w.ID]; taken {
+				m.log.Warn("workers file entry ignored: the id is given by --worker", "worker", w.ID)
+				continue
+			}
+			m.setEntry(w, SourceFile)
+		}
+	}
+	m.updateWorkerGauge()
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		return nil, fmt.Errorf("ingest: zmq context: %w", err)
+	}
+	m.zs = &sockets{zctx: zctx, hardMaxFrame: hardMaxFrame(cfg.MaxFrameBytes), pollInterval: cfg.PollInterval, badLog: m.badLog}
+	return m, nil
+}
+
+// Close releases the Manager's ZMQ context. It fails with ErrRunning while Run runs.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if m.run != nil {
+		m.mu.Unlock()
+		return ErrRunning
+	}
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	m.mu.Unlock()
+	return m.zs.zctx.Term()
+}
+
+func (m *Manager) lockChange(ctx context.Context) bool {
+	select {
+	case m.change <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (m *Manager) unlockChange() { <-m.change }
+
+// AddWorker registers spec (source "registry"), replacing a registry, file or
+// discovered entry with the same id, and subscribes to it at once when Run runs.
+// A worker given by --worker cannot be replaced (ErrWorkerConflict).
+func (m *Manager) AddWorker(spec WorkerSpec) error {
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	m.lockChange(context.Background())
+	defer m.unlockChange()
+	return m.putWorker(spec, SourceRegistry)
+}
+
+// putWorker registers spec and (re)starts it in the running run; callers hold change.
+func (m *Manager) putWorker(spec WorkerSpec, source WorkerSource) error {
+	m.mu.Lock()
+	old := m.workers[spec.ID]
+	if old != nil && sourceRank(old.source) > sourceRank(source) {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: %q is given by %s", ErrWorkerConflict, spec.ID, old.source)
+	}
+	m.setEntry(spec, source)
+	r := m.run
+	m.mu.Unlock()
+	m.updateWorkerGauge()
+	if old != nil && old.spec.Equal(spec) {
+		return nil
+	}
+	m.log.Info("worker registered", "worker", spec.ID, "source", source, "spec", spec.String())
+	if r != nil {
+		r.stopWorker(spec.ID)
+		r.startWorker(spec)
+	}
+	return nil
+}
+
+// RemoveWorker unregisters a worker: its subscriptions stop, and when Run runs
+// and the sink is a WorkerRemover, its blocks leave the index. An unknown id is a
+// no-op.
+func (m *Manager) RemoveWorker(id string) {
+	m.lockChange(context.Background())
+	defer m.unlockChange()
+	m.removeWorker(id)
+}
+
+// removeWorker is RemoveWorker for callers holding change.
+func (m *Manager) removeWorker(id string) {
+	m.mu.Lock()
+	_, known := m.workers[id]
+	m.deleteEntry(id)
+	r := m.run
+	m.mu.Unlock()
+	if r != nil {
+		r.stopWorker(id)
+		if rm, ok := r.sink.(WorkerRemover); ok {
+			if err := rm.RemoveWorker(r.ctx, id); err != nil && r.ctx.Err() == nil {
+				m.log.Error("removing worker's blocks failed", "worker", id, "err", err)
+			}
+		}
+	}
+	m.metrics.forgetWorker(id)
+	m.updateWorkerGauge()
+	if known {
+		m.log.Info("worker removed", "worker", id)
+	}
+}
+
+// setEntry registers spec; callers hold mu (or own m exclusively).
+func (m *Manager) setEntry(spec WorkerSpec, source WorkerSource) {
+	m.deleteEntry(spec.ID)
+	m.workers[spec.ID] = &workerEntry{spec: spec, source: source}
+	if spec.Topic != "" {
+		m.byTopic[spec.Topic] = spec.ID
+	}
+}
+
+// deleteEntry unregisters a worker; callers hold mu.
+func (m *Manager) deleteEntry(id string) {
+	if e := m.workers[id]; e != nil && m.byTopic[e.spec.Topic] == id {
+		delete(m.byTopic, e.spec.Topic)
+	}
+	delete(m.workers, id)
+}
+
+func (m *Manager) updateWorkerGauge() {
+	counts := map[WorkerSource]int{SourceFlag: 0, SourceRegistry: 0, SourceFile: 0, SourceDiscover: 0}
+	m.mu.Lock()
+	for _, e := range m.workers {
+		counts[e.source]++
+	}
+	m.mu.Unlock()
+	for s, n := range counts {
+		m.metrics.workers.WithLabelValues(string(s)).Set(float64(n))
+	}
+}
+
+// WorkerStatus is a registered worker and, while Run runs, its streams.
+type WorkerStatus struct {
+	Spec    WorkerSpec
+	Source  WorkerSource
+	Streams []StreamStatus // by dp rank; empty when not running or nothing received yet
+}
+
+// Workers lists the registered workers, ordered by id.
+func (m *Manager) Workers() []WorkerStatus {
+	m.mu.Lock()
+	out := make([]WorkerStatus, 0, len(m.workers))
+	for _, e := range m.workers {
+		out = append(out, WorkerStatus{Spec: e.spec, Source: e.source})
+	}
+	r := m.run
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b WorkerStatus) int { return strings.Compare(a.Spec.ID, b.Spec.ID) })
+	if r != nil {
+		for i := range out {
+			out[i].Streams = r.streamStatus(out[i].Spec.ID)
+		}
+	}
+	return out
+}
+
+// Running reports whether Run is running and has set up its sockets.
+func (m *Manager) Running() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.run != nil && m.run.ready
+}
+
+// BindEndpoint is the bind-mode socket's actual endpoint while Run runs ("" otherwise).
+func (m *Manager) BindEndpoint() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.bindAddr
+}
+
+// Run subscribes to every registered worker (and the bind socket or NATS), resumes
+// each stream after cursors.Cursor(stream) (replaying from Seq+1 when the engine's
+// replay buffer still has it), submits ordered StreamBatches to sink, and returns
+// when ctx ends, after closing every socket and stopping every goroutine it
+// started. It returns an error when it cannot start (bind or NATS connection
+// failure) or when sink.Submit fails for another reason than ctx ending.
+func (m *Manager) Run(ctx context.Context, sink Sink, cursors CursorSource) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	r := &run{m: m, ctx: ctx, cancel: cancel, sink: sink, workers: map[string]*workerRun{}}
+	r.env = &streamEnv{
+		sink:          sink,
+		cursors:       cursors,
+		metrics:       m.metrics,
+		log:           m.log,
+		badLog:        m.badLog,
+		maxFrame:      m.cfg.MaxFrameBytes,
+		restartWindow: m.cfg.RestartWindow,
+		newReplayer:   m.newReplayer,
+	}
+	m.lockChange(context.Background())
+	m.mu.Lock()
+	switch {
+	case m.closed:
+		m.mu.Unlock()
+		m.unlockChange()
+		return ErrClosed
+	case m.run != nil:
+		m.mu.Unlock()
+		m.unlockChange()
+		return ErrRunning
+	}
+	m.run = r
+	m.mu.Unlock()
+	err := r.start()
+	if err == nil {
+		m.mu.Lock()
+		r.ready = true
+		m.mu.Unlock()
+	}
+	m.unlockChange()
+	if err == nil {
+		<-ctx.Done()
+	}
+	cancel(nil)
+	m.lockChange(context.Background())
+	m.mu.Lock()
+	m.run = nil
+	m.bindAddr = ""
+	m.mu.Unlock()
+	r.wg.Wait()
+	m.unlockChange()
+	if err != nil {
+		return err
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+		return cause
+	}
+	return nil
+}
+
+func (m *Manager) newReplayer() *replayer {
+	return &replayer{
+		zctx:         m.zs.zctx,
+		timeout:      m.cfg.ReplayTimeout,
+		pollInterval: m.cfg.PollInterval,
+		hardMaxFrame: m.zs.hardMaxFrame,
+		backoffMin:   m.cfg.ReplayTimeout,
+		backoffMax:   max(m.cfg.ReplayBackoffMax, m.cfg.ReplayTimeout),
+	}
+}
+
+// run is the state of one Run call.
+type run struct {
+	m      *Manager
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	sink   Sink
+	env    *streamEnv
+	wg     sync.WaitGroup
+	ready  bool // guarded by m.mu
+
+	mu      sync.Mutex
+	workers map[string]*workerRun // guarded by mu
+}
+
+// workerRun is one worker's goroutines within a run.
+type workerRun struct {
+	spec   WorkerSpec
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	streams map[uint32]*streamRunner // guarded by mu
+}
+
+// start opens the shared sockets and starts every registered worker; callers hold
+// change.
+func (r *run) start() error {
+	m := r.m
+	if m.cfg.WorkersFile != "" {
+		m.reloadWorkersFile()
+		r.goRun(r.watchWorkersFile)
+	}
+	if m.cfg.ZMQBind != "" {
+		sock, addr, err := m.zs.bindSocket(m.cfg.ZMQBind)
+		if err != nil {
+			return err
+		}
+		m.mu.Lock()
+		m.bindAddr = addr
+		m.mu.Unlock()
+		m.log.Info("accepting engines on the bind socket", "endpoint", addr)
+		r.goRun(func() { r.bindLoop(sock) })
+	}
+	if m.cfg.Transport == TransportNATS {
+		sub, err := r.subscribeNATS()
+		if err != nil {
+			return err
+		}
+		r.goRun(func() { r.natsLoop(sub) })
+	}
+	m.mu.Lock()
+	specs := make([]WorkerSpec, 0, len(m.workers))
+	for _, e := range m.workers {
+		specs = append(specs, e.spec)
+	}
+	m.mu.Unlock()
+	for _, spec := range specs {
+		r.mu.Lock()
+		_, running := r.workers[spec.ID] // started by the workers file reload above
+		r.mu.Unlock()
+		if !running {
+			r.startWorker(spec)
+		}
+	}
+	return nil
+}
+
+func (r *run) goRun(f func()) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		f()
+	}()
+}
+
+// fail ends the run with err.
+func (r *run) fail(err error) {
+	r.m.log.Error("ingest stopped", "err", err)
+	r.cancel(err)
+}
+
+// startWorker starts a worker's goroutines: in connect mode one socket and one
+// stream goroutine per dp rank; otherwise streams start as their batches arrive.
+// Callers hold change.
+func (r *run) startWorker(spec WorkerSpec) *workerRun {
+	ctx, cancel := context.WithCancel(r.ctx)
+	wr := &workerRun{spec: spec, ctx: ctx, cancel: cancel, streams: map[uint32]*streamRunner{}}
+	r.mu.Lock()
+	r.workers[spec.ID] = wr
+	r.mu.Unlock()
+	if spec.Endpoint == "" || r.m.cfg.Transport != TransportZMQ {
+		return wr
+	}
+	for rank := range spec.Ranks() {
+		endpoint, _ := spec.EventEndpoint(rank) // validated
+		sr := r.stream(wr, rank)
+		if sr == nil {
+			continue
+		}
+		r.goWorker(wr, func() { r.connectLoop(wr.ctx, endpoint, spec.Topic, sr) })
+	}
+	return wr
+}
+
+func (r *run) goWorker(wr *workerRun, f func()) {
+	r.wg.Add(1)
+	wr.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer wr.wg.Done()
+		f()
+	}()
+}
+
+// stream returns the runner of wr's rank, starting it if needed; nil when the
+// worker is stopping or the spec is unusable (logged).
+func (r *run) stream(wr *workerRun, rank uint32) *streamRunner {
+	wr.mu.Lock()
+	defer wr.mu.Unlock()
+	if sr := wr.streams[rank]; sr != nil {
+		return sr
+	}
+	if wr.ctx.Err() != nil {
+		return nil
+	}
+	key := Stream{Worker: wr.spec.ID, DPRank: rank}
+	sr, err := newStreamRunner(key, wr.spec, r.m.cfg.DefaultBlockSize, r.env)
+	if err != nil {
+		r.m.badLog.Warn("stream/"+wr.spec.ID, "cannot follow stream", "worker", wr.spec.ID, "dp_rank", rank, "err", err)
+		return nil
+	}
+	wr.streams[rank] = sr
+	r.goWorker(wr, func() {
+		if err := sr.run(wr.ctx); err != nil {
+			r.fail(fmt.Errorf("worker %s dp rank %d: %w", key.Worker, key.DPRank, err))
+		}
+	})
+	return sr
+}
+
+// stopWorker stops a worker's goroutines and waits for them; callers hold change.
+func (r *run) stopWorker(id string) {
+	r.mu.Lock()
+	wr := r.workers[id]
+	delete(r.workers, id)
+	r.mu.Unlock()
+	if wr == nil {
+		return
+	}
+	// Cancelled under mu, so stream() cannot start a goroutine (wg.Add) once
+	// Wait may have begun.
+	wr.mu.Lock()
+	wr.cancel()
+	wr.mu.Unlock()
+	wr.wg.Wait()
+}
+
+func (r *run) streamStatus(id string) []StreamStatus {
+	r.mu.Lock()
+	wr := r.workers[id]
+	r.mu.Unlock()
+	if wr == nil {
+		return nil
+	}
+	wr.mu.Lock()
+	runners := make([]*streamRunner, 0, len(wr.streams))
+	for _, sr := range wr.streams {
+		runners = append(runners, sr)
+	}
+	wr.mu.Unlock()
+	out := make([]StreamStatus, len(runners))
+	for i, sr := range runners {
+		out[i] = sr.Status()
+	}
+	slices.SortFunc(out, func(a, b StreamStatus) int { return int(a.DPRank) - int(b.DPRank) })
+	return out
+}
+
+// dispatcher routes batches from a shared socket (bind mode, NATS) to their
+// streams, creating workers seen for the first time. It belongs to the socket's
+// goroutine.
+type dispatcher struct {
+	r      *run
+	source string
+	cache  map[Stream]*streamRunner
+}
+
+func (r *run) newDispatcher(source string) *dispatcher {
+	return &dispatcher{r: r, source: source, cache: map[Stream]*streamRunner{}}
+}
+
+// deliver hands it to the stream (worker, rank), registering the worker as
+// discovered (with model) when it is unknown. It returns false when ctx ended.
+func (d *dispatcher) deliver(worker, model string, rank uint32, it item) bool {
+	key := Stream{Worker: worker, DPRank: rank}
+	for attempt := 0; attempt < 2; attempt++ {
+		sr := d.cache[key]
+		if sr == nil {
+			if sr = d.resolve(key, model); sr == nil {
+				return d.r.ctx.Err() == nil
+			}
+			d.cache[key] = sr
+		}
+		select {
+		case sr.in <- it:
+			return true
+		case <-sr.done: // the worker was removed or replaced: look it up again
+			delete(d.cache, key)
+		case <-d.r.ctx.Done():
+			return false
+		}
+	}
+	return d.r.ctx.Err() == nil
+}
+
+func (d *dispatcher) resolve(key Stream, model string) *streamRunner {
+	r := d.r
+	r.mu.Lock()
+	wr := r.workers[key.Worker]
+	r.mu.Unlock()
+	if wr == nil {
+		if model == "" {
+			r.m.metrics.decodeErrors.WithLabelValues(d.source, "unknown_model").Inc()
+			r.m.badLog.Warn(d.source+"/unknown_model", "dropping batch of an unknown worker that names no model", "worker", key.Worker)
+			return nil
+		}
+		spec := WorkerSpec{ID: key.Worker, Model: model}
+		if err := spec.Validate(); err != nil {
+			r.m.metrics.decodeErrors.WithLabelValues(d.source, "bad_worker").Inc()
+			r.m.badLog.Warn(d.source+"/bad_worker", "dropping batch of an unusable worker", "err", err)
+			return nil
+		}
+		if !r.m.lockChange(r.ctx) {
+			return nil
+		}
+		r.mu.Lock()
+		wr = r.workers[key.Worker]
+		r.mu.Unlock()
+		if wr == nil {
+			r.m.mu.Lock()
+			if _, registered := r.m.workers[key.Worker]; !registered {
+				r.m.setEntry(spec, SourceDiscover)
+			}
+			entry := r.m.workers[key.Worker]
+			r.m.mu.Unlock()
+			r.m.updateWorkerGauge()
+			r.m.log.Info("worker discovered", "worker", key.Worker, "model", model, "via", d.source)
+			wr = r.startWorker(entry.spec)
+		}
+		r.m.unlockChange()
+	}
+	return r.stream(wr, key.DPRank)
+}
+
+// watchWorkersFile re-reads the workers file whenever its content changes.
+func (r *run) watchWorkersFile() {
+	t := time.NewTicker(r.m.cfg.WorkersFilePoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !r.m.lockChange(r.ctx) {
+			return
+		}
+		r.m.reloadWorkersFile()
+		r.m.unlockChange()
+	}
+}
+
+// reloadWorkersFile applies the workers file's content if it changed since last
+// applied: file workers that left it are removed, new and changed ones (re)started.
+// A file that cannot be read or parsed is logged and the workers stay as they are.
+// Callers hold change.
+func (m *Manager) reloadWorkersFile() {
+	data, err := os.ReadFile(m.cfg.WorkersFile)
+	if err != nil {
+		m.badLog.Warn("workers-file", "cannot read the workers file; keeping the current workers", "path", m.cfg.WorkersFile, "err", err)
+		return
+	}
+	if bytes.Equal(data, m.fileData) {
+		return
+	}
+	specs, err := ParseWorkers(data)
+	if err != nil {
+		m.badLog.Warn("workers-file", "invalid workers file; keeping the current workers", "path", m.cfg.WorkersFile, "err", err)
+		return
+	}
+	m.fileData = data
+	m.log.Info("workers file changed", "path", m.cfg.WorkersFile, "workers", len(specs))
+	want := map[string]bool{}
+	for _, w := range specs {
+		want[w.ID] = true
+	}
+	m.mu.Lock()
+	var gone []string
+	for id, e := range m.workers {
+		if e.source == SourceFile && !want[id] {
+			gone = append(gone, id)
+		}
+	}
+	m.mu.Unlock()
+	for _, id := range gone {
+		m.removeWorker(id)
+	}
+	for _, w := range specs {
+		if err := m.putWorker(w, SourceFile); err != nil {
+			m.log.Warn("workers file entry ignored", "worker", w.ID, "err", err)
+		}
+	}
+}

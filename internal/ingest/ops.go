@@ -1,0 +1,113 @@
+package ingest
+
+import (
+	"github.com/kvindex/kvindex/internal/kvblock"
+)
+
+// Reasons an event is refused (kvindex_ingest_refused_events_total).
+const (
+	refuseTokenCount = "token_count" // len(token_ids) != len(block_hashes) * block_size
+	refuseBlockSize  = "block_size"  // block_size differs from the worker's
+	refuseNoModel    = "no_model"    // the stream's model is unknown
+)
+
+// opBuilder turns one stream's decoded events into index Ops: it computes block keys
+// from the tokens (kvblock, with the worker's block size and the event's LoRA) and
+// the namespace from (model, lora_name, cache_salt). It belongs to the stream's
+// goroutine.
+type opBuilder struct {
+	model string
+	// blockSize is what every BlockStored must carry; 0 accepts the event's own.
+	blockSize int
+	ns        map[nsKey]uint64
+}
+
+type nsKey struct{ lora, salt string }
+
+// maxCachedNamespaces bounds opBuilder.ns: salts may be per tenant or per request.
+const maxCachedNamespaces = 1024
+
+func newOpBuilder(model string, blockSize int) *opBuilder {
+	return &opBuilder{model: model, blockSize: blockSize, ns: map[nsKey]uint64{}}
+}
+
+func (b *opBuilder) namespace(lora, salt string) uint64 {
+	k := nsKey{lora, salt}
+	if id, ok := b.ns[k]; ok {
+		return id
+	}
+	id := kvblock.Namespace{Model: b.model, LoRA: lora, CacheSalt: salt}.ID()
+	if len(b.ns) >= maxCachedNamespaces {
+		clear(b.ns)
+	}
+	b.ns[k] = id
+	return id
+}
+
+// opStats counts what build did, for metrics.
+type opStats struct {
+	stored, removed, cleared       int
+	storedBlocks, removedBlocks    int
+	refusedTokens, refusedBlockLen int
+	refusedNoModel                 int
+}
+
+// build converts events to Ops. Events that cannot be indexed are refused and
+// counted, not fatal: the other events of the batch still apply. The Ops alias the
+// events' hash slices, which the decoder allocated for this batch alone.
+func (b *opBuilder) build(events []Event) ([]Op, opStats) {
+	var st opStats
+	total := 0
+	for i := range events {
+		if events[i].Kind == BlockStored {
+			total += len(events[i].BlockHashes)
+		}
+	}
+	keys := make([]uint64, 0, total) // one allocation for every key of the batch
+	ops := make([]Op, 0, len(events))
+	for i := range events {
+		ev := &events[i]
+		switch ev.Kind {
+		case BlockStored:
+			if b.model == "" {
+				st.refusedNoModel++
+				continue
+			}
+			if b.blockSize != 0 && ev.BlockSize != b.blockSize {
+				st.refusedBlockLen++
+				continue
+			}
+			if ev.BlockSize <= 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*ev.BlockSize {
+				st.refusedTokens++
+				continue
+			}
+			if len(ev.BlockHashes) == 0 {
+				continue
+			}
+			start := len(keys)
+			keys = kvblock.AppendLocalHashes(keys, ev.TokenIDs, ev.BlockSize, ev.LoRAName)
+			ops = append(ops, Op{
+				Kind:      OpStored,
+				Namespace: b.namespace(ev.LoRAName, ev.CacheSalt),
+				Parent:    ev.Parent,
+				HasParent: ev.HasParent,
+				Hashes:    ev.BlockHashes,
+				Keys:      keys[start:len(keys):len(keys)],
+				Tier:      ev.Tier(),
+			})
+			st.stored++
+			st.storedBlocks += len(ev.BlockHashes)
+		case BlockRemoved:
+			if len(ev.BlockHashes) == 0 {
+				continue
+			}
+			ops = append(ops, Op{Kind: OpRemoved, Hashes: ev.BlockHashes, Tier: ev.Tier()})
+			st.removed++
+			st.removedBlocks += len(ev.BlockHashes)
+		case AllBlocksCleared:
+			ops = append(ops, Op{Kind: OpCleared})
+			st.cleared++
+		}
+	}
+	return ops, st
+}

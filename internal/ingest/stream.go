@@ -1,0 +1,362 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// item is one live batch handed from the goroutine that owns a socket (and decoded
+// it) to the goroutine of its stream.
+type item struct {
+	seq   uint64
+	batch EventBatch
+	// err: the payload did not decode; the batch is lost (Tracker.Discard).
+	err error
+	// replay is a replay endpoint announced with the batch (NATS Kv-Replay), used
+	// when the worker's spec names none.
+	replay string
+}
+
+// Stream states, as GET /workers shows them.
+const (
+	StateConnecting = "connecting" // no batch handed to the index yet
+	StateLive       = "live"
+	StateReplaying  = "replaying"
+)
+
+// StreamStatus is what a stream looks like from outside, for status pages.
+type StreamStatus struct {
+	DPRank uint32
+	State  string
+	// LastSeq and Epoch are the position of the last batch handed to the sink
+	// (meaningful when State is not StateConnecting).
+	LastSeq uint64
+	Epoch   uint64
+	// LagSeconds is the age of the last batch (engine timestamp) when it was handed off.
+	LagSeconds float64
+	LastBatch  time.Time
+	Stats      TrackerStats
+}
+
+// streamEnv is what every stream of a run shares.
+type streamEnv struct {
+	sink          Sink
+	cursors       CursorSource
+	metrics       *metrics
+	log           *slog.Logger
+	badLog        *rateLimitedLog
+	maxFrame      int
+	restartWindow uint64
+	newReplayer   func() *replayer
+}
+
+// streamRunner drives one stream (worker, dp rank): it owns the stream's Tracker,
+// applies each live batch in order through the sink, and fills gaps from the
+// engine's replay socket. Everything but status belongs to its goroutine (run).
+type streamRunner struct {
+	key      Stream
+	in       chan item
+	done     chan struct{}
+	replayEP string // rank's replay endpoint from the spec; "" when none is configured
+
+	env     *streamEnv
+	tr      *Tracker
+	ops     *opBuilder
+	dec     *Decoder
+	rp      *replayer
+	sm      *streamMetrics
+	log     *slog.Logger
+	started bool // a batch has been applied (or the stream resumed from a cursor)
+	// discarded: the tracker was told of a lost batch, so its next reset is
+	// reported as "undecodable".
+	discarded bool
+
+	mu     sync.Mutex
+	status StreamStatus // guarded by mu
+}
+
+// streamQueue is the number of decoded batches a stream buffers from its socket; a
+// stream that is replaying lets live batches wait here.
+const streamQueue = 256
+
+func newStreamRunner(key Stream, spec WorkerSpec, defaultBlockSize int, env *streamEnv) (*streamRunner, error) {
+	replayEP, err := spec.ReplayEndpoint(key.DPRank)
+	if err != nil {
+		return nil, err
+	}
+	blockSize := spec.BlockSize
+	if blockSize == 0 {
+		blockSize = defaultBlockSize
+	}
+	return &streamRunner{
+		key:      key,
+		in:       make(chan item, streamQueue),
+		done:     make(chan struct{}),
+		replayEP: replayEP,
+		env:      env,
+		tr:       NewTracker(env.restartWindow),
+		ops:      newOpBuilder(spec.Model, blockSize),
+		dec:      NewDecoder(env.maxFrame),
+		rp:       env.newReplayer(),
+		sm:       env.metrics.forStream(key),
+		log:      env.log.With("worker", key.Worker, "dp_rank", key.DPRank),
+		status:   StreamStatus{DPRank: key.DPRank, State: StateConnecting},
+	}, nil
+}
+
+// Status returns a snapshot of the stream's state.
+func (s *streamRunner) Status() StreamStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.status
+}
+
+func (s *streamRunner) setState(state string) {
+	s.mu.Lock()
+	s.status.State = state
+	s.mu.Unlock()
+}
+
+// run processes the stream's batches until ctx ends or the sink fails; a sink error
+// other than ctx's is returned.
+func (s *streamRunner) run(ctx context.Context) error {
+	defer close(s.done)
+	if c, ok := s.env.cursors.Cursor(s.key); ok {
+		s.tr.Resume(c)
+		s.started = true
+		s.mu.Lock()
+		s.status.LastSeq, s.status.Epoch = c.Seq, c.Epoch
+		s.mu.Unlock()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case it := <-s.in:
+			if err := s.handle(ctx, &it); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+		}
+	}
+}
+
+// handle applies one live batch per the Tracker's rules (see doc.go).
+func (s *streamRunner) handle(ctx context.Context, it *item) error {
+	if s.replayEP == "" && it.replay != "" {
+		s.replayEP = it.replay
+	}
+	if !s.started && it.seq > 0 {
+		// The first batch of a stream we know nothing about: what the engine
+		// published before it (lost to ZMQ's slow-joiner window, or before we
+		// existed) may still be in its replay buffer.
+		if err := s.replay(ctx, replayCatchUp, 0, it.seq-1); err != nil {
+			return err
+		}
+	}
+	d := s.tr.Observe(it.seq)
+	switch {
+	case d.Action.Applies():
+		return s.submit(ctx, it, d.Action, "")
+	case d.Action == ActionDuplicate:
+		s.sm.duplicate.Inc()
+		s.updateStats()
+		return nil
+	case d.Action == ActionGap:
+		s.sm.gaps.Inc()
+		if err := s.replay(ctx, replayGap, d.From, d.To); err != nil {
+			return err
+		}
+		a := s.tr.FinishReplay()
+		switch {
+		case a.Applies():
+			return s.submit(ctx, it, a, replayGap)
+		case a == ActionDuplicate:
+			s.sm.duplicate.Inc()
+		}
+		s.updateStats()
+	}
+	return nil
+}
+
+// Replay reasons (kvindex_ingest_replays_total{reason}).
+const (
+	replayGap     = "gap"
+	replayCatchUp = "catch_up"
+)
+
+// replay fetches seqs from..upTo from the engine and applies what the Tracker
+// accepts of them. A replay that fails or is skipped is not an error: the Tracker
+// decides what its absence means (FinishReplay). Only a sink error is returned.
+func (s *streamRunner) replay(ctx context.Context, reason string, from, upTo uint64) error {
+	s.setState(StateReplaying)
+	var sinkErr error
+	err := s.rp.fetch(ctx, s.replayEP, from, upTo, func(f Frame) error {
+		a := s.tr.Replayed(f.Seq)
+		if !a.Applies() {
+			if a == ActionDuplicate {
+				s.sm.duplicate.Inc()
+			}
+			return nil
+		}
+		it := item{seq: f.Seq}
+		it.batch, it.err = s.decode(f.Payload, "replay")
+		s.sm.replayed(reason)
+		if err := s.submit(ctx, &it, a, reason); err != nil {
+			sinkErr = err
+			return errStopReplay
+		}
+		return nil
+	}, func(err error) {
+		s.env.metrics.decodeErrors.WithLabelValues("replay", "bad_frame").Inc()
+		s.env.badLog.Warn("replay/bad_frame", "dropping malformed replay reply", "worker", s.key.Worker, "dp_rank", s.key.DPRank, "err", err)
+	})
+	switch {
+	case sinkErr != nil:
+		return sinkErr
+	case err == nil:
+		s.sm.replay(reason, "ok")
+	case errors.Is(err, errReplaySkipped):
+		s.sm.replay(reason, "skipped")
+	case ctx.Err() != nil:
+		return nil
+	default:
+		s.sm.replay(reason, "failed")
+		s.env.badLog.Warn("replay/"+s.key.Worker, "replay failed; the worker's blocks are dropped unless the gap is filled", "worker", s.key.Worker, "dp_rank", s.key.DPRank, "from", from, "err", err)
+	}
+	if s.started {
+		s.setState(StateLive)
+	} else {
+		s.setState(StateConnecting)
+	}
+	return nil
+}
+
+// decode decodes a payload, counting errors and skipped content under source.
+func (s *streamRunner) decode(payload []byte, source string) (EventBatch, error) {
+	b, st, err := s.dec.Decode(payload)
+	countDecode(s.env, source, st, err)
+	return b, err
+}
+
+// countDecode records one Decode call's outcome in the metrics and the
+// rate-limited log.
+func countDecode(env *streamEnv, source string, st DecodeStats, err error) {
+	m := env.metrics
+	if err != nil {
+		reason := "malformed"
+		if errors.Is(err, ErrOversize) {
+			reason = "oversize"
+		}
+		m.decodeErrors.WithLabelValues(source, reason).Inc()
+		env.badLog.Warn(source+"/"+reason, "dropping undecodable event batch", "source", source, "err", err)
+	}
+	if st.UnknownEvents > 0 {
+		m.skipped.WithLabelValues("event").Add(float64(st.UnknownEvents))
+		env.badLog.Warn("skip/event", "skipping unknown event types", "first", st.FirstUnknownEvent)
+	}
+	if st.UnknownFields > 0 {
+		m.skipped.WithLabelValues("field").Add(float64(st.UnknownFields))
+	}
+	if st.UnknownMedia > 0 {
+		m.skipped.WithLabelValues("medium").Add(float64(st.UnknownMedia))
+		env.badLog.Warn("skip/medium", "unknown storage medium indexed as GPU", "first", st.FirstUnknownMedium)
+	}
+}
+
+// submit hands an accepted batch to the sink: a as the Tracker decided it (Reset
+// when it clears the worker); replayReason is "" for a live batch.
+func (s *streamRunner) submit(ctx context.Context, it *item, a Action, replayReason string) error {
+	if a.Clears() {
+		s.sm.reset(s.resetReason(a, replayReason))
+	}
+	s.discarded = false
+	c, _ := s.tr.Cursor()
+	b := StreamBatch{Stream: s.key, Seq: it.seq, Epoch: c.Epoch, Reset: a.Clears(), TS: it.batch.TS}
+	if it.err != nil {
+		// Its events are lost: the Tracker makes the next batch clear the worker.
+		// A clear this batch was to carry is applied now, with no events.
+		s.tr.Discard()
+		s.discarded = true
+		s.sm.undecodable.Inc()
+		if !a.Clears() {
+			s.updateStats()
+			return nil
+		}
+		b.TS = 0
+	} else {
+		var st opStats
+		b.Ops, st = s.ops.build(it.batch.Events)
+		s.count(st)
+	}
+	if err := s.env.sink.Submit(ctx, b); err != nil {
+		return err
+	}
+	s.started = true
+	s.sm.applied.Inc()
+	s.sm.lastSeq.Set(float64(it.seq))
+	now := time.Now()
+	lag := 0.0
+	if b.TS > 0 {
+		lag = max(0, float64(now.UnixNano())/1e9-b.TS)
+		s.sm.lag.Set(lag)
+	}
+	s.mu.Lock()
+	s.status.State = StateLive
+	s.status.LastSeq, s.status.Epoch = b.Seq, b.Epoch
+	s.status.LastBatch = now
+	if b.TS > 0 {
+		s.status.LagSeconds = lag
+	}
+	s.status.Stats = s.tr.Stats()
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *streamRunner) updateStats() {
+	s.mu.Lock()
+	s.status.Stats = s.tr.Stats()
+	s.mu.Unlock()
+}
+
+// resetReason labels a clearing action for kvindex_ingest_resets_total.
+func (s *streamRunner) resetReason(a Action, replayReason string) string {
+	switch {
+	case a == ActionRestart:
+		return "restart"
+	case s.discarded:
+		return "undecodable"
+	case replayReason == replayCatchUp:
+		return replayCatchUp
+	}
+	return "gap"
+}
+
+func (s *streamRunner) count(st opStats) {
+	if st.stored > 0 {
+		s.sm.stored.Add(float64(st.stored))
+		s.sm.storedBlocks.Add(float64(st.storedBlocks))
+	}
+	if st.removed > 0 {
+		s.sm.removed.Add(float64(st.removed))
+		s.sm.removedBlocks.Add(float64(st.removedBlocks))
+	}
+	if st.cleared > 0 {
+		s.sm.cleared.Add(float64(st.cleared))
+	}
+	for _, r := range []struct {
+		n      int
+		reason string
+	}{{st.refusedTokens, refuseTokenCount}, {st.refusedBlockLen, refuseBlockSize}, {st.refusedNoModel, refuseNoModel}} {
+		if r.n > 0 {
+			s.sm.refused(r.reason, r.n)
+			s.env.badLog.Warn("refused/"+s.key.Worker+"/"+r.reason, "refusing events that cannot be indexed",
+				"worker", s.key.Worker, "reason", r.reason, "count", r.n, "block_size", s.ops.blockSize)
+		}
+	}
+}
