@@ -1,0 +1,172 @@
+package raftstore
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/hashicorp/raft"
+)
+
+// Suffrage values of Member.Suffrage.
+const (
+	SuffrageVoter    = "voter"
+	SuffrageNonvoter = "nonvoter"
+	SuffrageStaging  = "staging"
+)
+
+// Member is one server of the raft configuration.
+type Member struct {
+	ID       string
+	RaftAddr string
+	GRPCAddr string // empty when the member never published it
+	Suffrage string // SuffrageVoter, SuffrageNonvoter or SuffrageStaging
+	IsLeader bool
+	// AppliedIndex is known only for the node that answers (0 for the others: raft
+	// does not report followers' progress; ask them).
+	AppliedIndex uint64
+}
+
+// ClusterStatus is the cluster as one node sees it.
+type ClusterStatus struct {
+	NodeID       string
+	State        string // Leader, Follower, Candidate, Shutdown
+	LeaderID     string // empty when no leader is known
+	LeaderAddr   string
+	Term         uint64
+	CommitIndex  uint64
+	AppliedIndex uint64
+	LastIndex    uint64 // last log index stored here
+	Members      []Member
+}
+
+// Cluster reports the raft configuration, leadership and progress as this node
+// knows them. It works on every node.
+func (n *Node) Cluster() (ClusterStatus, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return ClusterStatus{}, fmt.Errorf("raftstore: reading configuration: %w", err)
+	}
+	st := ClusterStatus{
+		NodeID:       n.cfg.NodeID,
+		State:        n.raft.State().String(),
+		Term:         n.raft.CurrentTerm(),
+		CommitIndex:  n.raft.CommitIndex(),
+		AppliedIndex: n.raft.AppliedIndex(),
+		LastIndex:    n.raft.LastIndex(),
+	}
+	st.LeaderID, st.LeaderAddr = n.Leader()
+	addrs := n.fsm.memberAddrs()
+	for _, s := range f.Configuration().Servers {
+		m := Member{
+			ID: string(s.ID), RaftAddr: string(s.Address), GRPCAddr: addrs[string(s.ID)],
+			Suffrage: suffrageName(s.Suffrage), IsLeader: string(s.ID) == st.LeaderID,
+		}
+		if m.ID == n.cfg.NodeID {
+			m.AppliedIndex = st.AppliedIndex
+		}
+		st.Members = append(st.Members, m)
+	}
+	slices.SortFunc(st.Members, func(a, b Member) int { return cmp.Compare(a.ID, b.ID) })
+	return st, nil
+}
+
+func suffrageName(s raft.ServerSuffrage) string {
+	switch s {
+	case raft.Voter:
+		return SuffrageVoter
+	case raft.Nonvoter:
+		return SuffrageNonvoter
+	}
+	return SuffrageStaging
+}
+
+// Join adds node id at raftAddr to the cluster as a voter (or a non-voter) and
+// records its gRPC address (optional). Leader only: elsewhere it fails with a
+// *NotLeaderError naming the leader. Joining again with the same address is a
+// no-op; another node already at raftAddr under a different id is removed first
+// (a node that came back with a new id). It returns the log index of the change.
+func (n *Node) Join(ctx context.Context, id, raftAddr, grpcAddr string, voter bool) (uint64, error) {
+	if id == "" || len(id) > maxNameLen || raftAddr == "" {
+		return 0, fmt.Errorf("%w: join needs a node id of 1..%d bytes and a raft address (got %q, %q)", ErrInvalidConfig, maxNameLen, id, raftAddr)
+	}
+	if n.raft.State() != raft.Leader {
+		return 0, n.notLeader(nil)
+	}
+	cf := n.raft.GetConfiguration()
+	if err := n.await(ctx, cf); err != nil {
+		return 0, err
+	}
+	want := raft.Nonvoter
+	if voter {
+		want = raft.Voter
+	}
+	var index uint64
+	present := false
+	for _, s := range cf.Configuration().Servers {
+		switch {
+		case string(s.ID) == id && string(s.Address) == raftAddr && s.Suffrage == want:
+			present = true
+		case string(s.ID) != id && string(s.Address) == raftAddr:
+			f := n.raft.RemoveServer(s.ID, 0, 0)
+			if err := n.await(ctx, f); err != nil {
+				return 0, fmt.Errorf("raftstore: removing %s, which had address %s: %w", s.ID, raftAddr, err)
+			}
+		}
+	}
+	if !present {
+		var f raft.IndexFuture
+		if voter {
+			f = n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, 0)
+		} else {
+			f = n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, 0)
+		}
+		if err := n.await(ctx, f); err != nil {
+			return 0, fmt.Errorf("raftstore: adding %s at %s: %w", id, raftAddr, err)
+		}
+		index = f.Index()
+		n.log.Info("member joined", "id", id, "raft_addr", raftAddr, "voter", voter)
+	}
+	if grpcAddr != "" && n.fsm.memberAddrs()[id] != grpcAddr {
+		_, i, err := n.proposeEntry(ctx, &Entry{Type: EntryMemberAddr, ID: id, GRPCAddr: grpcAddr})
+		if err != nil {
+			return 0, fmt.Errorf("raftstore: recording %s's gRPC address: %w", id, err)
+		}
+		index = i
+	}
+	if index == 0 {
+		index = n.raft.AppliedIndex()
+	}
+	return index, nil
+}
+
+// Leave removes node id from the cluster (leader only). Asked to remove itself,
+// the leader first hands leadership over and returns a *NotLeaderError naming
+// the new leader, to which the caller sends the request again. Removing an id that
+// is not a member is a no-op.
+func (n *Node) Leave(ctx context.Context, id string) (uint64, error) {
+	if n.raft.State() != raft.Leader {
+		return 0, n.notLeader(nil)
+	}
+	if id == n.cfg.NodeID {
+		if err := n.await(ctx, n.raft.LeadershipTransfer()); err != nil {
+			return 0, fmt.Errorf("raftstore: handing leadership over before leaving: %w", err)
+		}
+		return 0, n.notLeader(fmt.Errorf("leadership handed over so that %s can be removed", id))
+	}
+	f := n.raft.RemoveServer(raft.ServerID(id), 0, 0)
+	if err := n.await(ctx, f); err != nil {
+		return 0, fmt.Errorf("raftstore: removing %s: %w", id, err)
+	}
+	index := f.Index()
+	if _, ok := n.fsm.memberAddrs()[id]; ok {
+		_, i, err := n.proposeEntry(ctx, &Entry{Type: EntryMemberRemoved, ID: id})
+		if err != nil {
+			return 0, fmt.Errorf("raftstore: forgetting %s's gRPC address: %w", id, err)
+		}
+		index = i
+	}
+	n.log.Info("member left", "id", id)
+	return index, nil
+}

@@ -1,0 +1,489 @@
+package raftstore
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/radix"
+)
+
+// Log entry format, version 1. Integers are unsigned varints unless marked u64
+// (8 bytes little-endian); a string is a varint length and its bytes.
+//
+//	version byte (1)
+//	type byte: EntryType in bits 0-6, bit 7 = ignorable
+//	payload, by type:
+//	  EntryStreamBatches: worker name table (count, strings), batch count, per batch:
+//	      worker name index, dp rank, seq, epoch, flags byte (bit 0 = Reset),
+//	      op count, per op: kind byte, then
+//	        OpStored:  tier byte, namespace u64, has-parent byte (0/1), [parent u64],
+//	                   hash count, hashes u64..., key count, keys u64...
+//	        OpRemoved: tier byte, hash count, hashes u64...
+//	        OpCleared: nothing
+//	  EntryRegisterWorker: id, model, block size, dp size, events endpoint, events
+//	      topic, replay endpoint, HTTP endpoint, role, label count, (key, value)...
+//	      with keys ascending
+//	  EntryUnregisterWorker, EntryMemberRemoved: id
+//	  EntryMemberAddr: id, gRPC address
+//
+// Nothing may follow the payload. Hash and key counts are written separately so
+// that any StreamBatch ingest hands over is carried as it is: a length mismatch is
+// refused by the Applier, deterministically, on every replica.
+const (
+	entryVersion  = 1
+	ignorableFlag = 0x80
+	// maxNameLen is the longest worker name or node id accepted: the radix
+	// snapshot refuses longer worker names, so the log must never carry one.
+	maxNameLen = 1024
+	// maxStringLen bounds every other string (endpoints, labels, addresses).
+	maxStringLen = 64 << 10
+)
+
+// EntryType says what a log entry carries.
+type EntryType uint8
+
+// Entry types. Values are part of the log format: never renumber or reuse one.
+const (
+	EntryStreamBatches    EntryType = 1 // ingest.StreamBatches of one or more streams
+	EntryRegisterWorker   EntryType = 2 // add a worker to the registry
+	EntryUnregisterWorker EntryType = 3 // remove a worker and every block it holds
+	EntryMemberAddr       EntryType = 4 // a cluster member's gRPC address
+	EntryMemberRemoved    EntryType = 5 // forget a member's gRPC address
+)
+
+func (t EntryType) String() string {
+	switch t {
+	case EntryStreamBatches:
+		return "stream-batches"
+	case EntryRegisterWorker:
+		return "register-worker"
+	case EntryUnregisterWorker:
+		return "unregister-worker"
+	case EntryMemberAddr:
+		return "member-addr"
+	case EntryMemberRemoved:
+		return "member-removed"
+	}
+	return fmt.Sprintf("entry-type(%d)", uint8(t))
+}
+
+var (
+	// ErrCorruptEntry: a log entry that is not valid in this format version.
+	ErrCorruptEntry = errors.New("raftstore: corrupt log entry")
+	// ErrUnknownEntryType: a log entry of a type this version does not know. When the
+	// entry is marked ignorable it is skipped; otherwise the node cannot apply the
+	// log any further (it was written by a newer version).
+	ErrUnknownEntryType = errors.New("raftstore: unknown log entry type")
+	// ErrInvalidBatch: a StreamBatch that cannot be written to the log (an unknown
+	// op kind, an empty or over-long worker name).
+	ErrInvalidBatch = errors.New("raftstore: invalid stream batch")
+)
+
+// Entry is one decoded log entry; which fields are set depends on Type.
+type Entry struct {
+	Type EntryType
+	// Ignorable marks an entry that an older version not knowing Type may skip.
+	Ignorable bool
+	Batches   []ingest.StreamBatch // EntryStreamBatches
+	Worker    Worker               // EntryRegisterWorker
+	ID        string               // EntryUnregisterWorker, EntryMemberAddr, EntryMemberRemoved
+	GRPCAddr  string               // EntryMemberAddr
+}
+
+// EncodeEntry appends the encoding of e to dst. EntryStreamBatches fails with
+// ErrInvalidBatch for a batch the log cannot carry.
+func EncodeEntry(dst []byte, e *Entry) ([]byte, error) {
+	switch e.Type {
+	case EntryStreamBatches:
+		var be batchEncoder
+		for i := range e.Batches {
+			if err := be.add(&e.Batches[i]); err != nil {
+				return dst, err
+			}
+		}
+		return be.finish(dst), nil
+	case EntryRegisterWorker:
+		dst = appendHeader(dst, e.Type)
+		return appendWorker(dst, &e.Worker), nil
+	case EntryUnregisterWorker, EntryMemberRemoved:
+		return appendString(appendHeader(dst, e.Type), e.ID), nil
+	case EntryMemberAddr:
+		dst = appendString(appendHeader(dst, e.Type), e.ID)
+		return appendString(dst, e.GRPCAddr), nil
+	}
+	return dst, fmt.Errorf("%w: cannot encode %v", ErrUnknownEntryType, e.Type)
+}
+
+func appendHeader(dst []byte, t EntryType) []byte { return append(dst, entryVersion, byte(t)) }
+
+func appendString(dst []byte, s string) []byte {
+	return append(binary.AppendUvarint(dst, uint64(len(s))), s...)
+}
+
+func appendWorker(dst []byte, w *Worker) []byte {
+	dst = appendString(dst, w.ID)
+	dst = appendString(dst, w.Model)
+	dst = binary.AppendUvarint(dst, uint64(w.BlockSize))
+	dst = binary.AppendUvarint(dst, uint64(w.DPSize))
+	dst = appendString(dst, w.EventsEndpoint)
+	dst = appendString(dst, w.EventsTopic)
+	dst = appendString(dst, w.ReplayEndpoint)
+	dst = appendString(dst, w.HTTPEndpoint)
+	dst = appendString(dst, w.Role)
+	dst = binary.AppendUvarint(dst, uint64(len(w.Labels)))
+	for _, k := range slices.Sorted(maps.Keys(w.Labels)) {
+		dst = appendString(appendString(dst, k), w.Labels[k])
+	}
+	return dst
+}
+
+// batchEncoder builds an EntryStreamBatches entry one batch at a time: the proposer
+// adds batches as Submit receives them and writes the entry when it is full or old
+// enough. Worker names go to a table at the head of the entry, so a worker with
+// many batches in one entry costs its name once.
+type batchEncoder struct {
+	names   map[string]uint64
+	table   []byte // encoded names, in index order
+	body    []byte // encoded batches
+	batches int
+	events  int // block events (see batchEvents)
+}
+
+// add encodes b; on error nothing of b is kept.
+func (be *batchEncoder) add(b *ingest.StreamBatch) error {
+	name := b.Stream.Worker
+	if name == "" || len(name) > maxNameLen {
+		return fmt.Errorf("%w: worker name of %d bytes (want 1..%d)", ErrInvalidBatch, len(name), maxNameLen)
+	}
+	mark := len(be.body)
+	idx, known := be.names[name]
+	if !known {
+		idx = uint64(len(be.names))
+	}
+	be.body = binary.AppendUvarint(be.body, idx)
+	be.body = binary.AppendUvarint(be.body, uint64(b.Stream.DPRank))
+	be.body = binary.AppendUvarint(be.body, b.Seq)
+	be.body = binary.AppendUvarint(be.body, b.Epoch)
+	var flags byte
+	if b.Reset {
+		flags |= 1
+	}
+	be.body = append(be.body, flags)
+	be.body = binary.AppendUvarint(be.body, uint64(len(b.Ops)))
+	for i := range b.Ops {
+		op := &b.Ops[i]
+		be.body = append(be.body, byte(op.Kind))
+		switch op.Kind {
+		case ingest.OpStored:
+			be.body = append(be.body, byte(op.Tier))
+			be.body = binary.LittleEndian.AppendUint64(be.body, op.Namespace)
+			if op.HasParent {
+				be.body = append(be.body, 1)
+				be.body = binary.LittleEndian.AppendUint64(be.body, op.Parent)
+			} else {
+				be.body = append(be.body, 0)
+			}
+			be.body = appendU64s(be.body, op.Hashes)
+			be.body = appendU64s(be.body, op.Keys)
+		case ingest.OpRemoved:
+			be.body = append(be.body, byte(op.Tier))
+			be.body = appendU64s(be.body, op.Hashes)
+		case ingest.OpCleared:
+		default:
+			be.body = be.body[:mark]
+			return fmt.Errorf("%w: stream %s/%d seq %d op %d has kind %d", ErrInvalidBatch, name, b.Stream.DPRank, b.Seq, i, op.Kind)
+		}
+	}
+	if !known {
+		if be.names == nil {
+			be.names = map[string]uint64{}
+		}
+		be.names[name] = idx
+		be.table = appendString(be.table, name)
+	}
+	be.batches++
+	be.events += batchEvents(b)
+	return nil
+}
+
+// batchEvents is the size of b in block events, the unit of MaxBatchEvents: one
+// per block stored or removed, one per op that names no block.
+func batchEvents(b *ingest.StreamBatch) int {
+	n := 0
+	for i := range b.Ops {
+		n += max(len(b.Ops[i].Hashes), 1)
+	}
+	return max(n, 1)
+}
+
+func appendU64s(dst []byte, v []uint64) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(v)))
+	for _, x := range v {
+		dst = binary.LittleEndian.AppendUint64(dst, x)
+	}
+	return dst
+}
+
+// size is the length of the entry finish would write.
+func (be *batchEncoder) size() int { return 2 + 2*binary.MaxVarintLen32 + len(be.table) + len(be.body) }
+
+// finish appends the complete entry to dst.
+func (be *batchEncoder) finish(dst []byte) []byte {
+	dst = slices.Grow(dst, be.size())
+	dst = appendHeader(dst, EntryStreamBatches)
+	dst = binary.AppendUvarint(dst, uint64(len(be.names)))
+	dst = append(dst, be.table...)
+	dst = binary.AppendUvarint(dst, uint64(be.batches))
+	return append(dst, be.body...)
+}
+
+func (be *batchEncoder) reset() {
+	clear(be.names)
+	be.table = be.table[:0]
+	be.body = be.body[:0]
+	be.batches, be.events = 0, 0
+}
+
+// DecodeEntry decodes one log entry. Errors wrap ErrCorruptEntry or, for a type
+// this version does not know, ErrUnknownEntryType with Type and Ignorable set in
+// the returned Entry. It never panics and allocates in proportion to data.
+func DecodeEntry(data []byte) (Entry, error) {
+	if len(data) < 2 {
+		return Entry{}, fmt.Errorf("%w: %d bytes, shorter than the header", ErrCorruptEntry, len(data))
+	}
+	if data[0] != entryVersion {
+		return Entry{}, fmt.Errorf("%w: format version %d (this node reads %d)", ErrUnknownEntryType, data[0], entryVersion)
+	}
+	e := Entry{Type: EntryType(data[1] &^ ignorableFlag), Ignorable: data[1]&ignorableFlag != 0}
+	d := entryDecoder{data: data[2:]}
+	switch e.Type {
+	case EntryStreamBatches:
+		e.Batches = d.batches()
+	case EntryRegisterWorker:
+		e.Worker = d.worker()
+	case EntryUnregisterWorker, EntryMemberRemoved:
+		e.ID = d.name("id")
+	case EntryMemberAddr:
+		e.ID = d.name("id")
+		e.GRPCAddr = d.str("gRPC address")
+	default:
+		return e, fmt.Errorf("%w: %v", ErrUnknownEntryType, e.Type)
+	}
+	if d.err == nil && len(d.data) > 0 {
+		d.fail("%d trailing bytes", len(d.data))
+	}
+	if d.err != nil {
+		return Entry{Type: e.Type}, fmt.Errorf("%v entry: %w", e.Type, d.err)
+	}
+	return e, nil
+}
+
+// entryDecoder reads data from the front; after the first error every read
+// returns zero values and the error is kept.
+type entryDecoder struct {
+	data []byte
+	err  error
+}
+
+func (d *entryDecoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: %s", ErrCorruptEntry, fmt.Sprintf(format, args...))
+	}
+}
+
+func (d *entryDecoder) uvarint(what string) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.data)
+	if n <= 0 {
+		d.fail("bad or truncated varint (%s)", what)
+		return 0
+	}
+	d.data = d.data[n:]
+	return v
+}
+
+// count reads a count of items of at least minSize bytes each, bounded by what is left.
+func (d *entryDecoder) count(minSize int, what string) int {
+	v := d.uvarint(what)
+	if d.err == nil && v > uint64(len(d.data)/minSize) {
+		d.fail("%s %d exceeds the %d bytes left", what, v, len(d.data))
+		return 0
+	}
+	return int(v)
+}
+
+func (d *entryDecoder) uint32(what string) uint32 {
+	v := d.uvarint(what)
+	if v > 1<<32-1 {
+		d.fail("%s %d overflows 32 bits", what, v)
+		return 0
+	}
+	return uint32(v)
+}
+
+func (d *entryDecoder) byte(what string) byte {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.data) < 1 {
+		d.fail("truncated (%s)", what)
+		return 0
+	}
+	b := d.data[0]
+	d.data = d.data[1:]
+	return b
+}
+
+func (d *entryDecoder) u64(what string) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.data) < 8 {
+		d.fail("truncated (%s)", what)
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(d.data)
+	d.data = d.data[8:]
+	return v
+}
+
+func (d *entryDecoder) u64s(what string) []uint64 {
+	n := d.count(8, what+" count")
+	if d.err != nil || n == 0 {
+		return nil
+	}
+	v := make([]uint64, n)
+	for i := range v {
+		v[i] = binary.LittleEndian.Uint64(d.data[8*i:])
+	}
+	d.data = d.data[8*n:]
+	return v
+}
+
+func (d *entryDecoder) strLimit(limit int, what string) string {
+	n := d.count(1, what+" length")
+	if d.err == nil && n > limit {
+		d.fail("%s of %d bytes exceeds %d", what, n, limit)
+	}
+	if d.err != nil {
+		return ""
+	}
+	s := string(d.data[:n])
+	d.data = d.data[n:]
+	return s
+}
+
+func (d *entryDecoder) str(what string) string { return d.strLimit(maxStringLen, what) }
+
+// name reads a worker name or node id: non-empty and at most maxNameLen bytes.
+func (d *entryDecoder) name(what string) string {
+	s := d.strLimit(maxNameLen, what)
+	if d.err == nil && s == "" {
+		d.fail("empty %s", what)
+	}
+	return s
+}
+
+func (d *entryDecoder) batches() []ingest.StreamBatch {
+	names := make([]string, d.count(2, "worker count"))
+	for i := range names {
+		names[i] = d.name("worker name")
+	}
+	out := make([]ingest.StreamBatch, d.count(6, "batch count"))
+	for i := range out {
+		b := &out[i]
+		idx := d.uvarint("worker index")
+		if d.err == nil && idx >= uint64(len(names)) {
+			d.fail("batch %d names worker %d of %d", i, idx, len(names))
+		}
+		if d.err != nil {
+			return nil
+		}
+		b.Stream = ingest.Stream{Worker: names[idx], DPRank: d.uint32("dp rank")}
+		b.Seq = d.uvarint("seq")
+		b.Epoch = d.uvarint("epoch")
+		switch flags := d.byte("flags"); flags {
+		case 0:
+		case 1:
+			b.Reset = true
+		default:
+			d.fail("batch %d has unknown flags %#x", i, flags)
+		}
+		b.Ops = d.ops()
+	}
+	if d.err != nil {
+		return nil
+	}
+	return out
+}
+
+func (d *entryDecoder) ops() []ingest.Op {
+	n := d.count(1, "op count")
+	if d.err != nil || n == 0 {
+		return nil
+	}
+	ops := make([]ingest.Op, n)
+	for i := range ops {
+		op := &ops[i]
+		op.Kind = ingest.OpKind(d.byte("op kind"))
+		switch op.Kind {
+		case ingest.OpStored:
+			op.Tier = radix.Tier(d.byte("tier"))
+			op.Namespace = d.u64("namespace")
+			switch hp := d.byte("has parent"); hp {
+			case 0:
+			case 1:
+				op.HasParent = true
+				op.Parent = d.u64("parent")
+			default:
+				d.fail("has-parent byte %d", hp)
+			}
+			op.Hashes = d.u64s("hash")
+			op.Keys = d.u64s("key")
+		case ingest.OpRemoved:
+			op.Tier = radix.Tier(d.byte("tier"))
+			op.Hashes = d.u64s("hash")
+		case ingest.OpCleared:
+		default:
+			d.fail("op kind %d", op.Kind)
+		}
+		if d.err != nil {
+			return nil
+		}
+	}
+	return ops
+}
+
+func (d *entryDecoder) worker() Worker {
+	w := Worker{
+		ID:             d.name("worker id"),
+		Model:          d.str("model"),
+		BlockSize:      d.uint32("block size"),
+		DPSize:         d.uint32("dp size"),
+		EventsEndpoint: d.str("events endpoint"),
+		EventsTopic:    d.str("events topic"),
+		ReplayEndpoint: d.str("replay endpoint"),
+		HTTPEndpoint:   d.str("HTTP endpoint"),
+		Role:           d.str("role"),
+	}
+	n := d.count(2, "label count")
+	if n > 0 {
+		w.Labels = make(map[string]string, n)
+	}
+	prev := ""
+	for i := 0; i < n && d.err == nil; i++ {
+		k, v := d.str("label key"), d.str("label value")
+		if d.err == nil && i > 0 && k <= prev {
+			d.fail("label keys not ascending at %d", i)
+		}
+		w.Labels[k] = v
+		prev = k
+	}
+	return w
+}

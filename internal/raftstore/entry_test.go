@@ -1,0 +1,259 @@
+package raftstore
+
+import (
+	"encoding/hex"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/radix"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files in testdata")
+
+func ws(worker string, rank uint32) ingest.Stream { return ingest.Stream{Worker: worker, DPRank: rank} }
+
+// sampleBatches covers every op kind and flag, two workers sharing the name table,
+// and a hash/key length mismatch that the log must carry as it is.
+func sampleBatches() []ingest.StreamBatch {
+	return []ingest.StreamBatch{
+		{Stream: ws("vllm-0", 0), Seq: 7, Epoch: 0, Ops: []ingest.Op{
+			{Kind: ingest.OpStored, Namespace: 0xabcdef, Hashes: []uint64{1, 2, 3}, Keys: []uint64{11, 12, 13}, Tier: radix.TierGPU},
+			{Kind: ingest.OpStored, Namespace: 0xabcdef, Parent: 3, HasParent: true, Hashes: []uint64{4}, Keys: []uint64{14}, Tier: radix.TierCPU},
+		}},
+		{Stream: ws("vllm-1", 3), Seq: 1 << 40, Epoch: 2, Reset: true, Ops: []ingest.Op{
+			{Kind: ingest.OpRemoved, Hashes: []uint64{^uint64(0)}, Tier: radix.TierDisk},
+			{Kind: ingest.OpCleared},
+		}},
+		{Stream: ws("vllm-0", 1), Seq: 8, Ops: []ingest.Op{
+			{Kind: ingest.OpStored, Hashes: []uint64{5, 6}, Keys: []uint64{15}, Tier: radix.TierGPU},
+		}},
+		{Stream: ws("vllm-0", 0), Seq: 9},
+	}
+}
+
+func sampleWorker() Worker {
+	return Worker{
+		ID: "vllm-0", Model: "meta-llama/Llama-3.1-8B", BlockSize: 16, DPSize: 2,
+		EventsEndpoint: "tcp://10.0.0.7:5557", EventsTopic: "kv@vllm-0", ReplayEndpoint: "tcp://10.0.0.7:5558",
+		HTTPEndpoint: "http://10.0.0.7:8000", Role: "prefill", Labels: map[string]string{"zone": "a", "pool": "h100"},
+	}
+}
+
+func TestEntryRoundTrip(t *testing.T) {
+	tests := []struct {
+		name  string
+		entry Entry
+	}{
+		{"batches", Entry{Type: EntryStreamBatches, Batches: sampleBatches()}},
+		{"no batches", Entry{Type: EntryStreamBatches, Batches: []ingest.StreamBatch{}}},
+		{"register", Entry{Type: EntryRegisterWorker, Worker: sampleWorker()}},
+		{"register without labels", Entry{Type: EntryRegisterWorker, Worker: Worker{ID: "w", Model: "m", BlockSize: 32}}},
+		{"unregister", Entry{Type: EntryUnregisterWorker, ID: "vllm-0"}},
+		{"member address", Entry{Type: EntryMemberAddr, ID: "node-2", GRPCAddr: "10.0.0.2:7070"}},
+		{"member removed", Entry{Type: EntryMemberRemoved, ID: "node-2"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			data, err := EncodeEntry(nil, &tc.entry)
+			if err != nil {
+				t.Fatalf("encode: %v", err)
+			}
+			got, err := DecodeEntry(data)
+			if err != nil {
+				t.Fatalf("decode: %v", err)
+			}
+			if !reflect.DeepEqual(got, tc.entry) {
+				t.Errorf("round trip changed the entry:\n got %+v\nwant %+v", got, tc.entry)
+			}
+		})
+	}
+}
+
+func TestEntryDropsParentWithoutHasParent(t *testing.T) {
+	in := Entry{Type: EntryStreamBatches, Batches: []ingest.StreamBatch{{Stream: ws("w", 0), Seq: 1, Ops: []ingest.Op{
+		{Kind: ingest.OpStored, Parent: 99, Hashes: []uint64{1}, Keys: []uint64{2}},
+	}}}}
+	data, err := EncodeEntry(nil, &in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeEntry(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op := got.Batches[0].Ops[0]; op.Parent != 0 || op.HasParent {
+		t.Errorf("parent without HasParent came back as %d/%v, want 0/false (the index ignores it)", op.Parent, op.HasParent)
+	}
+}
+
+// TestEntryGolden pins the version 1 encoding: a replica of another build must read
+// the same bytes the same way. Run with -update only for a deliberate format change
+// (which needs a new version byte).
+func TestEntryGolden(t *testing.T) {
+	entries := map[string]Entry{
+		"batches":    {Type: EntryStreamBatches, Batches: sampleBatches()},
+		"register":   {Type: EntryRegisterWorker, Worker: sampleWorker()},
+		"unregister": {Type: EntryUnregisterWorker, ID: "vllm-0"},
+		"member":     {Type: EntryMemberAddr, ID: "node-2", GRPCAddr: "10.0.0.2:7070"},
+	}
+	for name, e := range entries {
+		t.Run(name, func(t *testing.T) {
+			data, err := EncodeEntry(nil, &e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join("testdata", "entry_v1_"+name+".hex")
+			if *update {
+				if err := os.WriteFile(path, []byte(hex.EncodeToString(data)+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			golden, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run with -update to create it)", err)
+			}
+			want, err := hex.DecodeString(strings.TrimSpace(string(golden)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(data) != string(want) {
+				t.Errorf("encoding changed:\n got %x\nwant %x", data, want)
+			}
+			got, err := DecodeEntry(want)
+			if err != nil || !reflect.DeepEqual(got, e) {
+				t.Errorf("golden bytes decode to %+v, %v; want %+v", got, err, e)
+			}
+		})
+	}
+}
+
+func TestDecodeEntryErrors(t *testing.T) {
+	valid, err := EncodeEntry(nil, &Entry{Type: EntryStreamBatches, Batches: sampleBatches()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		data      []byte
+		want      error
+		ignorable bool
+	}{
+		{"empty", nil, ErrCorruptEntry, false},
+		{"header only byte", []byte{1}, ErrCorruptEntry, false},
+		{"newer version", []byte{2, 1, 0, 0}, ErrUnknownEntryType, false},
+		{"unknown type", []byte{1, 0x7f, 1, 2, 3}, ErrUnknownEntryType, false},
+		{"unknown ignorable type", []byte{1, 0x80 | 0x7f, 1, 2, 3}, ErrUnknownEntryType, true},
+		{"trailing byte", append(append([]byte{}, valid...), 0), ErrCorruptEntry, false},
+		{"worker count beyond data", []byte{1, 1, 0x7f}, ErrCorruptEntry, false},
+		{"batch names missing worker", []byte{1, 1, 1, 1, 'w', 1, 5, 0, 0, 0, 0, 0}, ErrCorruptEntry, false},
+		{"empty worker name", []byte{1, 1, 1, 0, 0}, ErrCorruptEntry, false},
+		{"unknown batch flag", []byte{1, 1, 1, 1, 'w', 1, 0, 0, 1, 0, 2, 0}, ErrCorruptEntry, false},
+		{"unknown op kind", []byte{1, 1, 1, 1, 'w', 1, 0, 0, 1, 0, 0, 1, 9}, ErrCorruptEntry, false},
+		{"varint overflow", []byte{1, 3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, ErrCorruptEntry, false},
+		{"dp rank over 32 bits", []byte{1, 1, 1, 1, 'w', 1, 0, 0x80, 0x80, 0x80, 0x80, 0x10, 1, 0, 0, 0}, ErrCorruptEntry, false},
+		{"empty unregister id", []byte{1, 3, 0}, ErrCorruptEntry, false},
+		{"bad has-parent byte", []byte{1, 1, 1, 1, 'w', 1, 0, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}, ErrCorruptEntry, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := DecodeEntry(tc.data)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("error %v, want %v", err, tc.want)
+			}
+			if e.Ignorable != tc.ignorable {
+				t.Errorf("Ignorable = %v, want %v", e.Ignorable, tc.ignorable)
+			}
+		})
+	}
+	for i := range valid {
+		if _, err := DecodeEntry(valid[:i]); !errors.Is(err, ErrCorruptEntry) {
+			t.Fatalf("entry cut to %d of %d bytes: error %v, want ErrCorruptEntry", i, len(valid), err)
+		}
+	}
+}
+
+func TestEncodeEntryRejectsWhatTheLogCannotCarry(t *testing.T) {
+	tests := []struct {
+		name  string
+		batch ingest.StreamBatch
+	}{
+		{"unknown op kind", ingest.StreamBatch{Stream: ws("w", 0), Ops: []ingest.Op{{Kind: 9}}}},
+		{"empty worker name", ingest.StreamBatch{Stream: ws("", 0)}},
+		{"worker name over the snapshot limit", ingest.StreamBatch{Stream: ws(strings.Repeat("x", maxNameLen+1), 0)}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := EncodeEntry(nil, &Entry{Type: EntryStreamBatches, Batches: []ingest.StreamBatch{tc.batch}})
+			if !errors.Is(err, ErrInvalidBatch) {
+				t.Errorf("error %v, want ErrInvalidBatch", err)
+			}
+		})
+	}
+	if _, err := EncodeEntry(nil, &Entry{Type: 0x55}); !errors.Is(err, ErrUnknownEntryType) {
+		t.Errorf("unknown type: error %v, want ErrUnknownEntryType", err)
+	}
+}
+
+// TestBatchEncoderKeepsNothingOfARefusedBatch checks that a refused batch leaves
+// the entry being filled as it was, so the batches before it still decode.
+func TestBatchEncoderKeepsNothingOfARefusedBatch(t *testing.T) {
+	var be batchEncoder
+	good := sampleBatches()
+	if err := be.add(&good[0]); err != nil {
+		t.Fatal(err)
+	}
+	bad := ingest.StreamBatch{Stream: ws("new-worker", 0), Ops: []ingest.Op{{Kind: ingest.OpCleared}, {Kind: 42}}}
+	if err := be.add(&bad); !errors.Is(err, ErrInvalidBatch) {
+		t.Fatalf("error %v, want ErrInvalidBatch", err)
+	}
+	got, err := DecodeEntry(be.finish(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := good[:1]; !reflect.DeepEqual(got.Batches, want) {
+		t.Errorf("entry holds %+v, want %+v", got.Batches, want)
+	}
+}
+
+func FuzzDecodeEntry(f *testing.F) {
+	for _, e := range []Entry{
+		{Type: EntryStreamBatches, Batches: sampleBatches()},
+		{Type: EntryRegisterWorker, Worker: sampleWorker()},
+		{Type: EntryUnregisterWorker, ID: "w"},
+		{Type: EntryMemberAddr, ID: "n", GRPCAddr: "a:1"},
+		{Type: EntryMemberRemoved, ID: "n"},
+	} {
+		data, err := EncodeEntry(nil, &e)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Add([]byte{1, 0xff})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		e, err := DecodeEntry(data)
+		if err != nil {
+			if !errors.Is(err, ErrCorruptEntry) && !errors.Is(err, ErrUnknownEntryType) {
+				t.Fatalf("error %v wraps no sentinel", err)
+			}
+			return
+		}
+		again, err := EncodeEntry(nil, &e)
+		if err != nil {
+			t.Fatalf("decoded entry %+v does not encode: %v", e, err)
+		}
+		e2, err := DecodeEntry(again)
+		if err != nil {
+			t.Fatalf("re-encoded entry does not decode: %v", err)
+		}
+		if !reflect.DeepEqual(e, e2) {
+			t.Fatalf("round trip changed the entry:\n%+v\n%+v", e, e2)
+		}
+	})
+}

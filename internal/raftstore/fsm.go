@@ -1,0 +1,301 @@
+package raftstore
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kvindex/kvindex/internal/ingest"
+)
+
+// maxTombstones bounds how many unregistered worker ids the FSM remembers (see
+// fsm.tombstones); beyond it the oldest is forgotten. Every replica applies the
+// same entries, so they forget the same ones.
+const maxTombstones = 4096
+
+// ErrFSMStopped: the FSM met an entry it cannot apply (corrupt, or of an unknown
+// type not marked ignorable) and applies nothing more; the node shuts down.
+var ErrFSMStopped = errors.New("raftstore: state machine stopped")
+
+// BatchOutcome says what the FSM did with one StreamBatch of a committed entry.
+type BatchOutcome uint8
+
+const (
+	// BatchApplied: the batch was new for its stream and was applied.
+	BatchApplied BatchOutcome = iota + 1
+	// BatchDuplicate: the batch was at or behind its stream's cursor and was dropped.
+	BatchDuplicate
+	// BatchOfRemovedWorker: the batch's worker was unregistered since, so it was
+	// dropped (it was in flight when the worker left).
+	BatchOfRemovedWorker
+)
+
+func (o BatchOutcome) String() string {
+	switch o {
+	case BatchApplied:
+		return "applied"
+	case BatchDuplicate:
+		return "duplicate"
+	case BatchOfRemovedWorker:
+		return "removed-worker"
+	}
+	return fmt.Sprintf("outcome(%d)", uint8(o))
+}
+
+// BatchObserver is told about every StreamBatch of every committed entry, in log
+// order, on the apply goroutine, after it was applied or dropped. It must be quick
+// and must not call back into the Node (the apply loop waits for it).
+type BatchObserver func(index uint64, b *ingest.StreamBatch, outcome BatchOutcome, res ingest.ApplyResult)
+
+// ApplyResult is what applying one entry did; the node that proposed the entry
+// gets it from raft's ApplyFuture.Response.
+type ApplyResult struct {
+	Applied, Duplicates, OfRemovedWorkers int // stream batches by outcome
+	OpErrors                              int // ops the index refused (see ingest.ApplyResult)
+	// Err is the outcome of a registry entry (ErrWorkerExists, ErrUnknownWorker,
+	// ErrInvalidWorker), or ErrFSMStopped.
+	Err error
+}
+
+// fsm is the replicated state: the index and stream cursors (the Applier), the
+// worker registry, the ids of recently unregistered workers and the members' gRPC
+// addresses. raft calls Apply, Snapshot and Restore from one goroutine; the read
+// methods may run concurrently with them.
+type fsm struct {
+	applier   *ingest.Applier
+	log       *slog.Logger
+	onWorkers func([]Worker)
+	onBatch   BatchObserver
+	metrics   *metrics
+
+	mu      sync.RWMutex
+	workers map[string]Worker // guarded by mu
+	// tombstones holds the ids of unregistered workers with the log index of their
+	// removal. Batches of such a worker still in the pipeline when it was removed are
+	// committed after the removal and would bring its blocks back; they are dropped
+	// instead, until the id is registered again.
+	tombstones map[string]uint64 // guarded by mu
+	members    map[string]string // node id -> gRPC address; guarded by mu
+
+	lastIndex atomic.Uint64 // last command entry applied
+	stopErr   atomic.Pointer[error]
+	stopped   chan struct{} // closed when the FSM stops
+}
+
+var _ raft.FSM = (*fsm)(nil)
+
+func newFSM(applier *ingest.Applier, log *slog.Logger, m *metrics, onWorkers func([]Worker), onBatch BatchObserver) *fsm {
+	return &fsm{
+		applier: applier, log: log, metrics: m, onWorkers: onWorkers, onBatch: onBatch,
+		workers: map[string]Worker{}, tombstones: map[string]uint64{}, members: map[string]string{},
+		stopped: make(chan struct{}),
+	}
+}
+
+// Apply applies one committed entry.
+func (f *fsm) Apply(l *raft.Log) any {
+	if err := f.err(); err != nil {
+		return ApplyResult{Err: err}
+	}
+	e, err := DecodeEntry(l.Data)
+	if err != nil {
+		if errors.Is(err, ErrUnknownEntryType) && e.Ignorable {
+			f.metrics.ignoredEntries.Inc()
+			f.log.Warn("skipping log entry of unknown ignorable type", "index", l.Index, "type", e.Type)
+			f.lastIndex.Store(l.Index)
+			return ApplyResult{}
+		}
+		return ApplyResult{Err: f.stop(fmt.Errorf("log index %d: %w", l.Index, err))}
+	}
+	var res ApplyResult
+	switch e.Type {
+	case EntryStreamBatches:
+		res = f.applyBatches(l.Index, e.Batches)
+	case EntryRegisterWorker:
+		res.Err = f.register(e.Worker)
+	case EntryUnregisterWorker:
+		res.Err = f.unregister(e.ID, l.Index)
+	case EntryMemberAddr:
+		f.mu.Lock()
+		f.members[e.ID] = e.GRPCAddr
+		f.mu.Unlock()
+	case EntryMemberRemoved:
+		f.mu.Lock()
+		delete(f.members, e.ID)
+		f.mu.Unlock()
+	}
+	f.lastIndex.Store(l.Index)
+	return res
+}
+
+func (f *fsm) applyBatches(index uint64, batches []ingest.StreamBatch) ApplyResult {
+	var res ApplyResult
+	for i := range batches {
+		b := &batches[i]
+		var out ingest.ApplyResult
+		outcome := BatchDuplicate
+		// Only this goroutine writes tombstones, so it may read them unlocked.
+		if _, removed := f.tombstones[b.Stream.Worker]; removed {
+			outcome = BatchOfRemovedWorker
+			res.OfRemovedWorkers++
+		} else {
+			out = f.applier.Apply(*b)
+			if out.Applied {
+				outcome = BatchApplied
+				res.Applied++
+			} else {
+				res.Duplicates++
+			}
+			res.OpErrors += out.OpErrors
+			if out.FirstErr != nil {
+				f.log.Debug("index refused ops of a batch", "index", index, "ops", out.OpErrors, "first", out.FirstErr)
+			}
+		}
+		if f.onBatch != nil {
+			f.onBatch(index, b, outcome, out)
+		}
+	}
+	f.metrics.batchesApplied.Add(float64(res.Applied))
+	f.metrics.batchesDuplicate.Add(float64(res.Duplicates))
+	f.metrics.batchesRemovedWorker.Add(float64(res.OfRemovedWorkers))
+	f.metrics.opErrors.Add(float64(res.OpErrors))
+	return res
+}
+
+func (f *fsm) register(w Worker) error {
+	if err := w.Validate(); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	old, exists := f.workers[w.ID]
+	switch {
+	case exists && old.Equal(&w):
+		f.mu.Unlock()
+		return nil
+	case exists:
+		f.mu.Unlock()
+		return fmt.Errorf("%w: %q", ErrWorkerExists, w.ID)
+	}
+	f.workers[w.ID] = w
+	delete(f.tombstones, w.ID)
+	list := f.workerListLocked()
+	f.mu.Unlock()
+	f.notifyWorkers(list)
+	return nil
+}
+
+func (f *fsm) unregister(id string, index uint64) error {
+	f.mu.Lock()
+	if _, ok := f.workers[id]; !ok {
+		f.mu.Unlock()
+		return fmt.Errorf("%w: %q", ErrUnknownWorker, id)
+	}
+	delete(f.workers, id)
+	f.tombstones[id] = index
+	if len(f.tombstones) > maxTombstones {
+		oldest, at := "", uint64(0)
+		for w, i := range f.tombstones {
+			if oldest == "" || i < at || (i == at && w < oldest) {
+				oldest, at = w, i
+			}
+		}
+		delete(f.tombstones, oldest)
+	}
+	list := f.workerListLocked()
+	f.mu.Unlock()
+	f.applier.RemoveWorker(id)
+	f.notifyWorkers(list)
+	return nil
+}
+
+func (f *fsm) notifyWorkers(list []Worker) {
+	if f.onWorkers != nil {
+		f.onWorkers(list)
+	}
+}
+
+// workerListLocked returns the registry sorted by id, as copies.
+func (f *fsm) workerListLocked() []Worker {
+	out := make([]Worker, 0, len(f.workers))
+	for _, w := range f.workers {
+		out = append(out, w.clone())
+	}
+	slices.SortFunc(out, func(a, b Worker) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Workers returns the registry sorted by id.
+func (f *fsm) Workers() []Worker {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.workerListLocked()
+}
+
+// Worker returns the registered worker id.
+func (f *fsm) Worker(id string) (Worker, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	w, ok := f.workers[id]
+	return w.clone(), ok
+}
+
+// memberAddrs returns a copy of the members' gRPC addresses.
+func (f *fsm) memberAddrs() map[string]string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return maps.Clone(f.members)
+}
+
+func (f *fsm) stop(err error) error {
+	err = fmt.Errorf("%w: %w", ErrFSMStopped, err)
+	if f.stopErr.CompareAndSwap(nil, &err) {
+		f.log.Error("state machine stopped: this node cannot apply the log any further", "err", err)
+		close(f.stopped)
+	}
+	return *f.stopErr.Load()
+}
+
+func (f *fsm) err() error {
+	if p := f.stopErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Snapshot captures the state for raft. The index is serialised here, on the apply
+// goroutine, so that it matches the cursors and registry captured with it; Persist
+// then only copies bytes while Apply goes on.
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	if err := f.err(); err != nil {
+		return nil, err
+	}
+	s, err := f.capture()
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Restore replaces the whole state with a snapshot's.
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	st, err := readSnapshot(rc, f.applier.Index())
+	if err != nil {
+		return err
+	}
+	f.applier.SetCursors(st.cursors)
+	f.mu.Lock()
+	f.workers, f.tombstones, f.members = st.workers, st.tombstones, st.members
+	list := f.workerListLocked()
+	f.mu.Unlock()
+	f.notifyWorkers(list)
+	return nil
+}

@@ -1,0 +1,352 @@
+package raftstore
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"reflect"
+	"testing"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/radix"
+)
+
+func newTestFSM(t testing.TB, onWorkers func([]Worker)) *fsm {
+	t.Helper()
+	return newFSM(ingest.NewApplier(radix.New(radix.Config{})), slog.New(slog.DiscardHandler), newMetrics(), onWorkers, nil)
+}
+
+// applyEntry applies e at index and returns the FSM's result.
+func applyEntry(t testing.TB, f *fsm, index uint64, e Entry) ApplyResult {
+	t.Helper()
+	data, err := EncodeEntry(nil, &e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return applyData(f, index, data)
+}
+
+func applyData(f *fsm, index uint64, data []byte) ApplyResult {
+	r, _ := f.Apply(&raft.Log{Index: index, Type: raft.LogCommand, Data: data}).(ApplyResult)
+	return r
+}
+
+func batchesEntry(b ...ingest.StreamBatch) Entry { return Entry{Type: EntryStreamBatches, Batches: b} }
+
+// genBatches returns n batches round-robin over streams, each of about blocks events.
+func genBatches(streams []*synthStream, n, blocks int) []ingest.StreamBatch {
+	out := make([]ingest.StreamBatch, 0, n)
+	for i := range n {
+		out = append(out, streams[i%len(streams)].batch(blocks))
+	}
+	return out
+}
+
+func testStreams(n int) []*synthStream {
+	var out []*synthStream
+	for i := range n {
+		out = append(out, newSynthStream(ws([]string{"alpha", "beta", "gamma"}[i%3], uint32(i/3)), uint64(i+1), 4000))
+	}
+	return out
+}
+
+func TestFSMAppliesEachBatchOnce(t *testing.T) {
+	f := newTestFSM(t, nil)
+	ref := ingest.NewApplier(radix.New(radix.Config{}))
+	batches := genBatches(testStreams(5), 400, 8)
+	index := uint64(0)
+	for i := 0; i < len(batches); i += 10 {
+		index++
+		r := applyEntry(t, f, index, batchesEntry(batches[i:i+10]...))
+		if r.Applied != 10 || r.Duplicates != 0 || r.Err != nil {
+			t.Fatalf("entry %d: %+v, want 10 applied", index, r)
+		}
+		for _, b := range batches[i : i+10] {
+			ref.Apply(b)
+		}
+	}
+	before := f.applier.Index().Digest()
+	// The same batches again, as a new leader re-proposing them would: all dropped.
+	for i := 0; i < len(batches); i += 25 {
+		index++
+		r := applyEntry(t, f, index, batchesEntry(batches[i:i+25]...))
+		if r.Applied != 0 || r.Duplicates != 25 {
+			t.Fatalf("re-proposed entry %d: %+v, want 25 duplicates", index, r)
+		}
+	}
+	if got := f.applier.Index().Digest(); got != before {
+		t.Error("re-proposed batches changed the index")
+	}
+	if got, want := f.applier.Index().Digest(), ref.Index().Digest(); got != want {
+		t.Error("FSM index differs from an Applier fed the same batches directly")
+	}
+	if !reflect.DeepEqual(f.applier.Cursors(), ref.Cursors()) {
+		t.Errorf("cursors %v, want %v", f.applier.Cursors(), ref.Cursors())
+	}
+	if f.lastIndex.Load() != index {
+		t.Errorf("last applied index %d, want %d", f.lastIndex.Load(), index)
+	}
+}
+
+func TestFSMSkipsUnknownIgnorableEntry(t *testing.T) {
+	f := newTestFSM(t, nil)
+	r := applyData(f, 1, []byte{entryVersion, ignorableFlag | 0x33, 1, 2, 3})
+	if r.Err != nil {
+		t.Fatalf("ignorable entry: %v", r.Err)
+	}
+	if f.err() != nil {
+		t.Fatalf("FSM stopped on an ignorable entry: %v", f.err())
+	}
+	if r := applyEntry(t, f, 2, batchesEntry(ingest.StreamBatch{Stream: ws("w", 0), Seq: 1})); r.Applied != 1 {
+		t.Errorf("batch after the ignorable entry: %+v, want applied", r)
+	}
+}
+
+func TestFSMStopsOnEntryItCannotApply(t *testing.T) {
+	tests := []struct {
+		name string
+		data []byte
+	}{
+		{"unknown type", []byte{entryVersion, 0x33, 1, 2, 3}},
+		{"newer format version", []byte{entryVersion + 1, byte(EntryStreamBatches), 0, 0}},
+		{"corrupt", []byte{entryVersion, byte(EntryStreamBatches), 9}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newTestFSM(t, nil)
+			applyEntry(t, f, 1, batchesEntry(ingest.StreamBatch{Stream: ws("w", 0), Seq: 1, Ops: []ingest.Op{
+				{Kind: ingest.OpStored, Hashes: []uint64{1}, Keys: []uint64{1}},
+			}}))
+			before := f.applier.Index().Digest()
+			if r := applyData(f, 2, tc.data); !errors.Is(r.Err, ErrFSMStopped) {
+				t.Fatalf("result %+v, want ErrFSMStopped", r)
+			}
+			select {
+			case <-f.stopped:
+			default:
+				t.Fatal("stopped channel not closed")
+			}
+			r := applyEntry(t, f, 3, batchesEntry(ingest.StreamBatch{Stream: ws("w", 0), Seq: 2, Ops: []ingest.Op{{Kind: ingest.OpCleared}}}))
+			if !errors.Is(r.Err, ErrFSMStopped) || r.Applied != 0 {
+				t.Errorf("entry after the stop: %+v, want ErrFSMStopped and nothing applied", r)
+			}
+			if f.applier.Index().Digest() != before || f.lastIndex.Load() != 1 {
+				t.Error("a stopped FSM changed its state")
+			}
+			if _, err := f.Snapshot(); !errors.Is(err, ErrFSMStopped) {
+				t.Errorf("Snapshot of a stopped FSM: %v, want ErrFSMStopped", err)
+			}
+		})
+	}
+}
+
+func TestFSMRegistry(t *testing.T) {
+	var seen [][]Worker
+	f := newTestFSM(t, func(w []Worker) { seen = append(seen, w) })
+	w := sampleWorker()
+	other := Worker{ID: "aaa", Model: "m", BlockSize: 16}
+	steps := []struct {
+		name    string
+		entry   Entry
+		wantErr error
+		wantIDs []string
+	}{
+		{"register", Entry{Type: EntryRegisterWorker, Worker: w}, nil, []string{"vllm-0"}},
+		{"register another", Entry{Type: EntryRegisterWorker, Worker: other}, nil, []string{"aaa", "vllm-0"}},
+		{"register again, same spec", Entry{Type: EntryRegisterWorker, Worker: w}, nil, []string{"aaa", "vllm-0"}},
+		{"register again, other spec", Entry{Type: EntryRegisterWorker, Worker: Worker{ID: "vllm-0", Model: "x", BlockSize: 16}}, ErrWorkerExists, []string{"aaa", "vllm-0"}},
+		{"register invalid", Entry{Type: EntryRegisterWorker, Worker: Worker{ID: "z", Model: "m"}}, ErrInvalidWorker, []string{"aaa", "vllm-0"}},
+		{"unregister unknown", Entry{Type: EntryUnregisterWorker, ID: "nope"}, ErrUnknownWorker, []string{"aaa", "vllm-0"}},
+		{"unregister", Entry{Type: EntryUnregisterWorker, ID: "vllm-0"}, nil, []string{"aaa"}},
+	}
+	for i, st := range steps {
+		r := applyEntry(t, f, uint64(i+1), st.entry)
+		if !errors.Is(r.Err, st.wantErr) || (st.wantErr == nil && r.Err != nil) {
+			t.Fatalf("%s: error %v, want %v", st.name, r.Err, st.wantErr)
+		}
+		var ids []string
+		for _, w := range f.Workers() {
+			ids = append(ids, w.ID)
+		}
+		if !reflect.DeepEqual(ids, st.wantIDs) {
+			t.Fatalf("%s: registry %v, want %v", st.name, ids, st.wantIDs)
+		}
+	}
+	if len(seen) != 3 {
+		t.Errorf("OnWorkersChanged called %d times, want 3 (two registrations, one removal)", len(seen))
+	}
+	if got, ok := f.Worker("aaa"); !ok || !got.Equal(&other) {
+		t.Errorf("Worker(aaa) = %+v, %v", got, ok)
+	}
+}
+
+// TestFSMUnregisterDropsBlocksAndLateBatches checks that unregistering a worker
+// removes its blocks and cursors, that its batches committed after the removal
+// (in flight when it happened) are dropped, and that registering it again lets
+// its batches in.
+func TestFSMUnregisterDropsBlocksAndLateBatches(t *testing.T) {
+	f := newTestFSM(t, nil)
+	empty := f.applier.Index().Digest()
+	stored := func(seq uint64) ingest.StreamBatch {
+		return ingest.StreamBatch{Stream: ws("vllm-0", 1), Seq: seq, Ops: []ingest.Op{
+			{Kind: ingest.OpStored, Hashes: []uint64{seq}, Keys: []uint64{seq}},
+		}}
+	}
+	applyEntry(t, f, 1, Entry{Type: EntryRegisterWorker, Worker: sampleWorker()})
+	applyEntry(t, f, 2, batchesEntry(stored(1), stored(2)))
+	applyEntry(t, f, 3, Entry{Type: EntryUnregisterWorker, ID: "vllm-0"})
+	if f.applier.Index().Digest() != empty {
+		t.Error("blocks of the unregistered worker are still indexed")
+	}
+	if _, ok := f.applier.Cursor(ws("vllm-0", 1)); ok {
+		t.Error("cursor of the unregistered worker is still there")
+	}
+	if r := applyEntry(t, f, 4, batchesEntry(stored(3))); r.OfRemovedWorkers != 1 || r.Applied != 0 {
+		t.Errorf("late batch: %+v, want dropped as of a removed worker", r)
+	}
+	if f.applier.Index().Digest() != empty {
+		t.Error("a late batch brought the unregistered worker's blocks back")
+	}
+	applyEntry(t, f, 5, Entry{Type: EntryRegisterWorker, Worker: sampleWorker()})
+	if r := applyEntry(t, f, 6, batchesEntry(stored(4))); r.Applied != 1 {
+		t.Errorf("batch after registering again: %+v, want applied", r)
+	}
+}
+
+func TestFSMForgetsOldestTombstone(t *testing.T) {
+	f := newTestFSM(t, nil)
+	index := uint64(0)
+	for i := range maxTombstones + 1 {
+		w := Worker{ID: fmt.Sprintf("w%05d", i), Model: "m", BlockSize: 1}
+		index++
+		applyEntry(t, f, index, Entry{Type: EntryRegisterWorker, Worker: w})
+		index++
+		if r := applyEntry(t, f, index, Entry{Type: EntryUnregisterWorker, ID: w.ID}); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	if len(f.tombstones) != maxTombstones {
+		t.Fatalf("%d tombstones, want %d", len(f.tombstones), maxTombstones)
+	}
+	if _, ok := f.tombstones["w00000"]; ok {
+		t.Error("the oldest tombstone was kept")
+	}
+	index++
+	if r := applyEntry(t, f, index, batchesEntry(ingest.StreamBatch{Stream: ws("w00000", 0)})); r.Applied != 1 {
+		t.Errorf("batch of the forgotten worker: %+v, want applied", r)
+	}
+}
+
+// bufferSink is a raft.SnapshotSink in memory.
+type bufferSink struct {
+	bytes.Buffer
+	cancelled, closed bool
+}
+
+func (s *bufferSink) ID() string    { return "test" }
+func (s *bufferSink) Cancel() error { s.cancelled = true; return nil }
+func (s *bufferSink) Close() error  { s.closed = true; return nil }
+
+func snapshotBytes(t testing.TB, f *fsm) []byte {
+	t.Helper()
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Release()
+	var sink bufferSink
+	if err := snap.Persist(&sink); err != nil || !sink.closed {
+		t.Fatalf("persist: %v (closed %v)", err, sink.closed)
+	}
+	return sink.Bytes()
+}
+
+// populatedFSM returns an FSM with blocks, cursors, workers, a tombstone and member
+// addresses, and the batches that follow, to apply after a restore.
+func populatedFSM(t testing.TB) (*fsm, []ingest.StreamBatch) {
+	f := newTestFSM(t, nil)
+	applyEntry(t, f, 1, Entry{Type: EntryRegisterWorker, Worker: sampleWorker()})
+	applyEntry(t, f, 2, Entry{Type: EntryRegisterWorker, Worker: Worker{ID: "gone", Model: "m", BlockSize: 8}})
+	applyEntry(t, f, 3, Entry{Type: EntryUnregisterWorker, ID: "gone"})
+	applyEntry(t, f, 4, Entry{Type: EntryMemberAddr, ID: "node-1", GRPCAddr: "10.0.0.1:7070"})
+	streams := testStreams(6)
+	batches := genBatches(streams, 600, 12)
+	applyEntry(t, f, 5, batchesEntry(batches...))
+	return f, genBatches(streams, 120, 12)
+}
+
+func TestSnapshotRestoreRoundTrip(t *testing.T) {
+	src, next := populatedFSM(t)
+	data := snapshotBytes(t, src)
+
+	var notified []Worker
+	dst := newTestFSM(t, func(w []Worker) { notified = w })
+	applyEntry(t, dst, 1, batchesEntry(ingest.StreamBatch{Stream: ws("stale", 0), Seq: 5, Ops: []ingest.Op{
+		{Kind: ingest.OpStored, Hashes: []uint64{1}, Keys: []uint64{1}},
+	}})) // state the restore must discard
+	if err := dst.Restore(io.NopCloser(bytes.NewReader(data))); err != nil {
+		t.Fatal(err)
+	}
+	if dst.applier.Index().Digest() != src.applier.Index().Digest() {
+		t.Error("restored index digest differs")
+	}
+	if !reflect.DeepEqual(dst.applier.Cursors(), src.applier.Cursors()) {
+		t.Error("restored cursors differ")
+	}
+	if !reflect.DeepEqual(dst.Workers(), src.Workers()) || !reflect.DeepEqual(notified, src.Workers()) {
+		t.Errorf("restored registry %v (notified %v), want %v", dst.Workers(), notified, src.Workers())
+	}
+	if !reflect.DeepEqual(dst.tombstones, src.tombstones) || !reflect.DeepEqual(dst.memberAddrs(), src.memberAddrs()) {
+		t.Error("restored tombstones or member addresses differ")
+	}
+	// Both go on identically.
+	for _, f := range []*fsm{src, dst} {
+		applyEntry(t, f, 6, batchesEntry(next...))
+		applyEntry(t, f, 7, batchesEntry(ingest.StreamBatch{Stream: ws("gone", 0), Seq: 1}))
+	}
+	if dst.applier.Index().Digest() != src.applier.Index().Digest() {
+		t.Error("digests differ after applying the same entries to the original and the restored state")
+	}
+	if again := snapshotBytes(t, dst); !bytes.Equal(again, snapshotBytes(t, src)) {
+		t.Error("snapshots of the two states differ")
+	}
+}
+
+func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
+	src, _ := populatedFSM(t)
+	good := snapshotBytes(t, src)
+	stateLen := len(snapshotMagic) + 1 // magic, version: the state length follows
+	mutate := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
+	tests := []struct {
+		name string
+		data []byte
+	}{
+		{"empty", nil},
+		{"bad magic", mutate(func(b []byte) []byte { b[0] = 'X'; return b })},
+		{"newer version", mutate(func(b []byte) []byte { b[len(snapshotMagic)] = snapshotVersion + 1; return b })},
+		{"state bit flip", mutate(func(b []byte) []byte { b[stateLen+4] ^= 1; return b })},
+		{"truncated state", good[:stateLen+8]},
+		{"index bit flip", mutate(func(b []byte) []byte { b[len(b)-10] ^= 0x40; return b })},
+		{"truncated index", good[:len(good)-3]},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dst, _ := populatedFSM(t)
+			applyEntry(t, dst, 9, batchesEntry(ingest.StreamBatch{Stream: ws("mine", 0), Seq: 1, Ops: []ingest.Op{
+				{Kind: ingest.OpStored, Hashes: []uint64{1}, Keys: []uint64{1}},
+			}}))
+			digest, cursors := dst.applier.Index().Digest(), dst.applier.Cursors()
+			err := dst.Restore(io.NopCloser(bytes.NewReader(tc.data)))
+			if !errors.Is(err, ErrCorruptSnapshot) && !errors.Is(err, radix.ErrCorruptSnapshot) {
+				t.Fatalf("error %v, want a corrupt-snapshot error", err)
+			}
+			if dst.applier.Index().Digest() != digest || !reflect.DeepEqual(dst.applier.Cursors(), cursors) {
+				t.Error("a failed restore changed the state")
+			}
+		})
+	}
+}

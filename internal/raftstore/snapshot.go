@@ -1,0 +1,196 @@
+package raftstore
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"maps"
+	"slices"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/radix"
+)
+
+// Snapshot format, version 1 (integers and strings as in the log entry format):
+//
+//	magic "kvixraft", version
+//	state length, state, CRC-32C (Castagnoli) of state, 4 bytes little-endian
+//	   state = workers: count, each as in EntryRegisterWorker, ascending id
+//	           tombstones: count, (worker id, log index), ascending id
+//	           members: count, (node id, gRPC address), ascending id
+//	           cursors: count, (worker, dp rank, seq, epoch), ascending stream
+//	the radix index snapshot (radix.Index.WriteTo; checksummed on its own)
+//
+// Anything after the index snapshot is not read.
+const (
+	snapshotMagic   = "kvixraft"
+	snapshotVersion = 1
+	// maxSnapshotState bounds the state section a reader accepts (a registry of a
+	// million workers with long endpoints stays far below it).
+	maxSnapshotState = 1 << 30
+)
+
+// ErrCorruptSnapshot: a snapshot that is not valid in this format version.
+var ErrCorruptSnapshot = errors.New("raftstore: corrupt snapshot")
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// fsmSnapshot is a captured state, already serialised.
+type fsmSnapshot struct {
+	head  []byte // magic, version, state section
+	index []byte // radix snapshot
+}
+
+var _ raft.FSMSnapshot = (*fsmSnapshot)(nil)
+
+// capture serialises the state. It runs on the apply goroutine, so the index,
+// cursors and registry it captures are those of one log index.
+func (f *fsm) capture() (*fsmSnapshot, error) {
+	var ix bytes.Buffer
+	if _, err := f.applier.Index().WriteTo(&ix); err != nil {
+		return nil, fmt.Errorf("raftstore: writing index snapshot: %w", err)
+	}
+	f.mu.RLock()
+	state := encodeState(f.workers, f.tombstones, f.members, f.applier.Cursors())
+	f.mu.RUnlock()
+	head := append([]byte(snapshotMagic), snapshotVersion)
+	head = binary.AppendUvarint(head, uint64(len(state)))
+	head = append(head, state...)
+	head = binary.LittleEndian.AppendUint32(head, crc32.Checksum(state, castagnoli))
+	return &fsmSnapshot{head: head, index: ix.Bytes()}, nil
+}
+
+// Size is the number of bytes Persist writes.
+func (s *fsmSnapshot) Size() int { return len(s.head) + len(s.index) }
+
+// Persist writes the snapshot to sink, concurrently with Apply.
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	_, err := sink.Write(s.head)
+	if err == nil {
+		_, err = sink.Write(s.index)
+	}
+	if err != nil {
+		return errors.Join(fmt.Errorf("raftstore: persisting snapshot: %w", err), sink.Cancel())
+	}
+	return sink.Close()
+}
+
+// Release drops the captured bytes.
+func (s *fsmSnapshot) Release() { s.head, s.index = nil, nil }
+
+func encodeState(workers map[string]Worker, tombstones map[string]uint64, members map[string]string, cursors map[ingest.Stream]ingest.Cursor) []byte {
+	var b []byte
+	b = binary.AppendUvarint(b, uint64(len(workers)))
+	for _, id := range slices.Sorted(maps.Keys(workers)) {
+		w := workers[id]
+		b = appendWorker(b, &w)
+	}
+	b = binary.AppendUvarint(b, uint64(len(tombstones)))
+	for _, id := range slices.Sorted(maps.Keys(tombstones)) {
+		b = binary.AppendUvarint(appendString(b, id), tombstones[id])
+	}
+	b = binary.AppendUvarint(b, uint64(len(members)))
+	for _, id := range slices.Sorted(maps.Keys(members)) {
+		b = appendString(appendString(b, id), members[id])
+	}
+	streams := slices.SortedFunc(maps.Keys(cursors), compareStreams)
+	b = binary.AppendUvarint(b, uint64(len(streams)))
+	for _, s := range streams {
+		c := cursors[s]
+		b = binary.AppendUvarint(appendString(b, s.Worker), uint64(s.DPRank))
+		b = binary.AppendUvarint(binary.AppendUvarint(b, c.Seq), c.Epoch)
+	}
+	return b
+}
+
+func compareStreams(a, b ingest.Stream) int {
+	return cmp.Or(cmp.Compare(a.Worker, b.Worker), cmp.Compare(a.DPRank, b.DPRank))
+}
+
+// snapshotState is the part of a snapshot beside the index.
+type snapshotState struct {
+	workers    map[string]Worker
+	tombstones map[string]uint64
+	members    map[string]string
+	cursors    map[ingest.Stream]ingest.Cursor
+}
+
+// readSnapshot reads a snapshot, loading its index into ix. On an error ix is
+// unchanged (radix.Index.ReadFrom is all or nothing, and it is read last).
+func readSnapshot(r io.Reader, ix *radix.Index) (snapshotState, error) {
+	br := bufio.NewReaderSize(r, 1<<16)
+	var st snapshotState
+	magic := make([]byte, len(snapshotMagic))
+	if _, err := io.ReadFull(br, magic); err != nil {
+		return st, fmt.Errorf("%w: reading magic: %w", ErrCorruptSnapshot, err)
+	}
+	if string(magic) != snapshotMagic {
+		return st, fmt.Errorf("%w: bad magic %q", ErrCorruptSnapshot, magic)
+	}
+	version, err := binary.ReadUvarint(br)
+	if err != nil || version != snapshotVersion {
+		return st, fmt.Errorf("%w: version %d (err %v), this node reads %d", ErrCorruptSnapshot, version, err, snapshotVersion)
+	}
+	n, err := binary.ReadUvarint(br)
+	if err != nil || n > maxSnapshotState {
+		return st, fmt.Errorf("%w: state length %d (err %v)", ErrCorruptSnapshot, n, err)
+	}
+	// Grow with what actually arrives rather than trusting n up front.
+	var buf bytes.Buffer
+	if _, err := io.CopyN(&buf, br, int64(n)+4); err != nil {
+		return st, fmt.Errorf("%w: state section: %w", ErrCorruptSnapshot, err)
+	}
+	state := buf.Bytes()[:n]
+	if got, want := binary.LittleEndian.Uint32(buf.Bytes()[n:]), crc32.Checksum(state, castagnoli); got != want {
+		return st, fmt.Errorf("%w: state checksum %08x, computed %08x", ErrCorruptSnapshot, got, want)
+	}
+	st, err = decodeState(state)
+	if err != nil {
+		return st, err
+	}
+	if _, err := ix.ReadFrom(br); err != nil {
+		return st, fmt.Errorf("raftstore: index snapshot: %w", err)
+	}
+	return st, nil
+}
+
+func decodeState(data []byte) (snapshotState, error) {
+	d := entryDecoder{data: data}
+	st := snapshotState{
+		workers:    map[string]Worker{},
+		tombstones: map[string]uint64{},
+		members:    map[string]string{},
+		cursors:    map[ingest.Stream]ingest.Cursor{},
+	}
+	for i, n := 0, d.count(11, "worker count"); i < n && d.err == nil; i++ {
+		w := d.worker()
+		if _, dup := st.workers[w.ID]; dup && d.err == nil {
+			d.fail("worker %q twice", w.ID)
+		}
+		st.workers[w.ID] = w
+	}
+	for i, n := 0, d.count(2, "tombstone count"); i < n && d.err == nil; i++ {
+		st.tombstones[d.name("tombstone id")] = d.uvarint("tombstone index")
+	}
+	for i, n := 0, d.count(2, "member count"); i < n && d.err == nil; i++ {
+		st.members[d.name("member id")] = d.str("member address")
+	}
+	for i, n := 0, d.count(5, "cursor count"); i < n && d.err == nil; i++ {
+		s := ingest.Stream{Worker: d.name("cursor worker"), DPRank: d.uint32("cursor dp rank")}
+		st.cursors[s] = ingest.Cursor{Seq: d.uvarint("cursor seq"), Epoch: d.uvarint("cursor epoch")}
+	}
+	if d.err == nil && len(d.data) > 0 {
+		d.fail("%d trailing bytes in the state section", len(d.data))
+	}
+	if d.err != nil {
+		return snapshotState{}, fmt.Errorf("%w: %w", ErrCorruptSnapshot, d.err)
+	}
+	return st, nil
+}
