@@ -39,8 +39,8 @@ type session struct {
 	end  context.CancelCauseFunc
 
 	mu      sync.Mutex
-	enc     batchEncoder // guarded by mu
-	firstAt time.Time    // when enc got its first batch; guarded by mu
+	enc     batchEncoder  // guarded by mu
+	firstAt time.Time     // when enc got its first batch; guarded by mu
 	space   chan struct{} // closed when enc is taken; guarded by mu
 
 	kick     chan struct{} // wakes the flusher: enc got its first batch or became full
