@@ -89,6 +89,7 @@ func (e *Engine) Start() (err error) {
 	e.started = true
 	e.ln, err = net.Listen("tcp", net.JoinHostPort(e.cfg.Host, strconv.Itoa(e.cfg.Port)))
 	if err != nil {
+		e.closed = true
 		return fmt.Errorf("fakeengine: listen: %w", err)
 	}
 	e.addr = e.ln.Addr().String()
@@ -98,6 +99,7 @@ func (e *Engine) Start() (err error) {
 	}
 	defer func() {
 		if err != nil {
+			e.closed = true // nothing to close later: the sockets go here
 			e.ln.Close()
 			for _, p := range e.pubs {
 				p.closeSockets()
@@ -422,6 +424,9 @@ func (e *Engine) Flush(ctx context.Context) error {
 }
 
 // CachedBlock is one block the engine really caches, for comparing an index with.
+//
+// In JSON, hashes are plain numbers up to 2^64-1: exact for Go and Python decoders,
+// not for JavaScript's.
 type CachedBlock struct {
 	Hash uint64 `json:"hash"`
 	// ParentHash is nil for a block at the start of a sequence.

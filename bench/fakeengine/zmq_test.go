@@ -341,3 +341,45 @@ func TestMalformedReplayRequestIsIgnored(t *testing.T) {
 		t.Fatalf("replay after a malformed request = %v, want [0]", seqs)
 	}
 }
+
+func TestConnectModePublishesToABoundSubscriber(t *testing.T) {
+	// The indexer side binds; the engine connects to it, as with a central indexer.
+	sock, err := zmq.NewSocket(zmq.SUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sock.Close()
+	if err := sock.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	endpoint, err := sock.GetLastEndpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock.SetSubscribe("")
+	cfg := testConfig()
+	cfg.KVEventsEndpoint = endpoint
+	e := startEngine(t, cfg)
+	if got := e.EventEndpoints()[0]; got != endpoint {
+		t.Fatalf("engine endpoint %s, want it to connect to %s", got, endpoint)
+	}
+	sub := &subscriber{t: t, sock: sock}
+	sock.SetRcvtimeo(50 * time.Millisecond)
+	for {
+		if err := e.ResetPrefixCache(); err != nil {
+			t.Fatal(err)
+		}
+		if msg, err := sock.RecvMessageBytes(0); err == nil {
+			sub.lastSeq = toFrame(t, msg).seq
+			break
+		}
+	}
+	sock.SetRcvtimeo(10 * time.Second)
+	if _, err := e.Generate(context.Background(), Request{Prompt: seqPrompt(0, 9), MaxTokens: 1}); err != nil {
+		t.Fatal(err)
+	}
+	f := sub.next()
+	if f.seq != sub.lastSeq+1 || f.topic != e.Topic() || decodeBatch(t, f.payload).events[0].kind != "BlockStored" {
+		t.Fatalf("frame seq %d topic %q after %d, want the next BlockStored batch", f.seq, f.topic, sub.lastSeq)
+	}
+}

@@ -21,13 +21,13 @@ func main() {
 		os.Exit(0)
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "fakeengine:", err)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := fakeengine.Run(ctx, cfg, fakeengine.NewLogger(cfg, os.Stderr)); err != nil {
-		fmt.Fprintln(os.Stderr, "fakeengine:", err)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 }
