@@ -1,9 +1,6 @@
 package radix
 
-import (
-	"hash/maphash"
-	"math/bits"
-)
+import "math/bits"
 
 // edgeTable maps (parent node, key) to the child node: open addressing with linear
 // probing and backward-shift deletion. A slot is tag<<32 | child, where tag is the
@@ -13,24 +10,29 @@ import (
 // node, which a lookup reads anyway: 8 bytes a slot instead of a 24-byte map entry.
 type edgeTable struct {
 	slots []uint64
-	shift uint   // 64 - log2(len(slots))
-	count int    // occupied slots
-	seed  uint64 // random per table: keys come from user prompts
+	shift uint // 64 - log2(len(slots))
+	count int  // occupied slots
+	seed  uint64
 }
 
 const minEdgeSlots = 16
 
-func newEdgeTable() edgeTable {
+func newEdgeTable(seed uint64) edgeTable {
 	return edgeTable{
 		slots: make([]uint64, minEdgeSlots),
 		shift: 64 - 4,
-		seed:  maphash.Comparable(maphash.MakeSeed(), 0) | 1,
+		seed:  seed,
 	}
 }
 
 func (t *edgeTable) hash(parent uint32, key uint64) uint64 {
 	hi, lo := bits.Mul64(key^t.seed, uint64(parent)<<1|1^0x9E3779B97F4A7C15)
 	return hi ^ lo
+}
+
+// peek reads the edge's home slot (see state.prefetch).
+func (t *edgeTable) peek(parent uint32, key uint64) uint64 {
+	return t.slots[t.hash(parent, key)>>t.shift]
 }
 
 // find returns the child of parent with key, or 0.

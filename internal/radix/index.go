@@ -205,9 +205,10 @@ func (st *state) stored(w WorkerKey, ns, parent uint64, hasParent bool, hashes, 
 	case !hasParent:
 		at = st.childOrCreate(0, ns)
 	default:
-		e, ok := ws.blocks[parent]
+		e, ok := ws.blocks.get(parent)
 		at, attached = e.node, ok
 	}
+	st.prefetch(ws, hashes, false)
 	prev := parent
 	for i, h := range hashes {
 		if attached {
@@ -234,8 +235,9 @@ func (st *state) removed(w WorkerKey, hashes []uint64, bit uint8) RemoveResult {
 		res.Unknown = len(hashes)
 	} else {
 		ws := st.workers[wid]
+		st.prefetch(ws, hashes, true)
 		for _, h := range hashes {
-			if e, ok := ws.blocks[h]; ok && e.tiers&bit != 0 {
+			if e, ok := ws.blocks.get(h); ok && e.tiers&bit != 0 {
 				st.dropEntryTiers(wid, h, e, bit)
 				res.Removed++
 			} else if d, ok := ws.detached[h]; ok && d.tiers&bit != 0 {

@@ -13,7 +13,7 @@ func checkInvariants(ix *Index) error {
 	st := &ix.st
 
 	children := make(map[uint32]uint32)
-	live, namespaces, blockNodes, residencies := 0, 0, 0, 0
+	live, hints, namespaces, blockNodes, residencies := 0, 0, 0, 0, 0
 	for i := 1; i < len(st.nodes); i++ {
 		n := &st.nodes[i]
 		if n.parent == noNode {
@@ -32,8 +32,16 @@ func checkInvariants(ix *Index) error {
 			return fmt.Errorf("node %d has freed parent %d", i, n.parent)
 		}
 		children[n.parent]++
-		if got := st.edges.find(st.nodes, n.parent, n.key); got != uint32(i) {
-			return fmt.Errorf("edge (%d,%x) finds %d, want %d", n.parent, n.key, got, i)
+		if got := st.child(n.parent, n.key); got != uint32(i) {
+			return fmt.Errorf("child (%d,%x) finds %d, want %d", n.parent, n.key, got, i)
+		}
+		wantTabled := uint32(i)
+		if st.nodes[n.parent].hint == uint32(i) {
+			wantTabled = 0
+			hints++
+		}
+		if got := st.edges.find(st.nodes, n.parent, n.key); got != wantTabled {
+			return fmt.Errorf("edge table finds %d for node %d (hint of its parent: %v)", got, i, wantTabled == 0)
 		}
 		if n.holders[0] == 0 && n.children == 0 {
 			return fmt.Errorf("node %d kept with neither holders nor children", i)
@@ -66,8 +74,8 @@ func checkInvariants(ix *Index) error {
 			}
 		}
 	}
-	if st.edges.count != live {
-		return fmt.Errorf("edge table holds %d edges for %d nodes", st.edges.count, live)
+	if st.edges.count != live-hints {
+		return fmt.Errorf("edge table holds %d edges for %d nodes that are not hints", st.edges.count, live-hints)
 	}
 	if namespaces != st.namespaces || blockNodes != st.blockNodes || residencies != st.residencies {
 		return fmt.Errorf("counts namespaces/nodes/residencies %d/%d/%d, actual %d/%d/%d",
@@ -88,7 +96,7 @@ func checkInvariants(ix *Index) error {
 			mask    uint8
 		}
 		perNode := map[uint32]*acc{}
-		for h, e := range ws.blocks {
+		for h, e := range ws.blocks.all() {
 			if e.tiers == 0 || e.tiers >= 1<<NumTiers {
 				return fmt.Errorf("%v hash %x has tiers %d", ws.key, h, e.tiers)
 			}
@@ -130,7 +138,7 @@ func checkInvariants(ix *Index) error {
 		}
 		waiting := 0
 		for p, kids := range ws.waiting {
-			if _, ok := ws.blocks[p]; ok {
+			if _, ok := ws.blocks.get(p); ok {
 				return fmt.Errorf("%v: detached blocks wait for attached %x", ws.key, p)
 			}
 			for _, c := range kids {

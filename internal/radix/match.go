@@ -58,34 +58,47 @@ func (ix *Index) Match(ns uint64, keys []uint64, filter []string, dst []WorkerMa
 	if cur == 0 {
 		return dst
 	}
-	base := uint64(sc.epoch) << 32
+	// Marks of the workers still matching equal next. stepped is the last node
+	// whose holders were examined; run counts the nodes after it with an identical
+	// holder list (same workers, tiers and order: chains stored together), which
+	// advance exactly the same workers and are credited in one pass.
+	var next uint64
+	var stepped uint32
+	run := uint64(0)
 	for d, key := range keys {
 		if cur = st.child(cur, key); cur == 0 {
 			break
 		}
 		n := &st.nodes[cur]
 		if d == 0 {
-			sc.admit(n.holders, filter != nil, base, st.rank)
-			if n.more != 0 {
-				for _, r := range st.extra[n.more] {
-					sc.admit([2]uint32{r}, filter != nil, base, st.rank)
-				}
+			next = uint64(sc.epoch)<<32 | 1
+			sc.admit(n.holders, filter != nil, next, st.rank)
+			for _, r := range st.moreHolders(n) {
+				sc.admit([2]uint32{r}, filter != nil, next, st.rank)
 			}
 			if len(sc.touched) == 0 {
 				return dst
 			}
+			stepped = cur
 			continue
 		}
-		want := base | uint64(d)
-		advanced := sc.advance(n.holders[0], want) + sc.advance(n.holders[1], want)
-		if n.more != 0 {
-			for _, r := range st.extra[n.more] {
-				advanced += sc.advance(r, want)
-			}
+		if st.sameHolders(stepped, cur) {
+			run++
+			continue
 		}
-		if advanced == 0 {
+		if run > 0 {
+			sc.credit(&st.nodes[stepped], st.moreHolders(&st.nodes[stepped]), next, run)
+			next += run
+			run = 0
+		}
+		if !sc.step(n, st.moreHolders(n), next) {
 			break
 		}
+		next++
+		stepped = cur
+	}
+	if run > 0 {
+		sc.credit(&st.nodes[stepped], st.moreHolders(&st.nodes[stepped]), next, run)
 	}
 	slices.Sort(sc.touched)
 	for _, t := range sc.touched {
@@ -100,7 +113,7 @@ func (ix *Index) Match(ns uint64, keys []uint64, filter []string, dst []WorkerMa
 }
 
 // admit starts the count of the holders of the prompt's first block.
-func (sc *matchScratch) admit(holders [2]uint32, filtered bool, base uint64, rank []uint32) {
+func (sc *matchScratch) admit(holders [2]uint32, filtered bool, mark uint64, rank []uint32) {
 	for _, r := range holders {
 		if r == 0 {
 			return
@@ -110,16 +123,24 @@ func (sc *matchScratch) admit(holders [2]uint32, filtered bool, base uint64, ran
 		if filtered && s.allowed != sc.epoch {
 			continue
 		}
-		s.mark = base | 1
+		s.mark = mark
 		s.tiers = [4]int32{}
 		s.tiers[bits.TrailingZeros32(r)&3] = 1
 		sc.touched = append(sc.touched, uint64(rank[wid])<<32|uint64(wid))
 	}
 }
 
-// advance extends the count of holder r if it matched every block so far (its mark
-// equals want); it returns 1 if so. An empty holder slot (0) never matches.
-func (sc *matchScratch) advance(r uint32, want uint64) int {
+// step advances, by one block of node n, the holders still matching (mark ==
+// want); it reports whether any did. An empty holder slot (0) never matches.
+func (sc *matchScratch) step(n *node, more []uint32, want uint64) bool {
+	advanced := sc.stepOne(n.holders[0], want) | sc.stepOne(n.holders[1], want)
+	for _, r := range more {
+		advanced |= sc.stepOne(r, want)
+	}
+	return advanced != 0
+}
+
+func (sc *matchScratch) stepOne(r uint32, want uint64) int {
 	s := &sc.slots[r>>3]
 	if s.mark != want || r == 0 {
 		return 0
@@ -127,6 +148,24 @@ func (sc *matchScratch) advance(r uint32, want uint64) int {
 	s.mark = want + 1
 	s.tiers[bits.TrailingZeros32(r)&3]++
 	return 1
+}
+
+// credit advances by run blocks the holders of n still matching (mark == want).
+func (sc *matchScratch) credit(n *node, more []uint32, want, run uint64) {
+	for _, r := range n.holders {
+		sc.creditOne(r, want, run)
+	}
+	for _, r := range more {
+		sc.creditOne(r, want, run)
+	}
+}
+
+func (sc *matchScratch) creditOne(r uint32, want, run uint64) {
+	s := &sc.slots[r>>3]
+	if s.mark == want && r != 0 {
+		s.mark += run
+		s.tiers[bits.TrailingZeros32(r)&3] += int32(run)
+	}
 }
 
 // scratchPool keeps a few matchScratch for reuse. Unlike sync.Pool it never drops

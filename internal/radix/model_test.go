@@ -392,8 +392,8 @@ func sizes(s Stats) Stats { s.Counters = Counters{}; return s }
 // the naive model and compares every result, Match answers after every step, and
 // sizes and internal invariants along the way.
 func TestIndexAgreesWithReferenceModel(t *testing.T) {
-	const steps = 3000
-	for seed := uint64(1); seed <= 6; seed++ {
+	const steps = 4000
+	for seed := uint64(1); seed <= 8; seed++ {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			const maxDetached = 6
 			g := newEventGen(seed)

@@ -65,15 +65,23 @@ func (st *state) writeSnapshot(w io.Writer) (int64, error) {
 	var hashes []uint64
 	for _, wid := range st.order {
 		ws := st.workers[wid]
-		hashes = sortedKeys(hashes, ws.blocks)
+		hashes = hashes[:0]
+		for h := range ws.blocks.all() {
+			hashes = append(hashes, h)
+		}
+		slices.Sort(hashes)
 		e.uvarint(uint64(len(hashes)))
 		for _, h := range hashes {
-			b := ws.blocks[h]
+			b, _ := ws.blocks.get(h)
 			e.u64(h)
 			e.uvarint(uint64(position[b.node]))
 			e.write([]byte{b.tiers})
 		}
-		hashes = sortedKeys(hashes, ws.detached)
+		hashes = hashes[:0]
+		for h := range ws.detached {
+			hashes = append(hashes, h)
+		}
+		slices.Sort(hashes)
 		e.uvarint(uint64(len(hashes)))
 		for _, h := range hashes {
 			d := ws.detached[h]
@@ -89,15 +97,6 @@ func (st *state) writeSnapshot(w io.Writer) (int64, error) {
 		e.err = e.w.Flush()
 	}
 	return e.n, e.err
-}
-
-func sortedKeys[V any](dst []uint64, m map[uint64]V) []uint64 {
-	dst = dst[:0]
-	for h := range m {
-		dst = append(dst, h)
-	}
-	slices.Sort(dst)
-	return dst
 }
 
 type encoder struct {
@@ -308,7 +307,7 @@ func (d *decoder) readNodes(st *state) {
 			return
 		}
 		parent := uint32(p)
-		if st.edges.find(st.nodes, parent, key) != 0 {
+		if st.child(parent, key) != 0 {
 			d.fail("node %d duplicates key %x under node %d", i, key, parent)
 			return
 		}
@@ -338,7 +337,7 @@ func (d *decoder) readEntries(st *state, wid uint32) {
 	n = d.count(math.MaxUint32, "detached count")
 	for i := 0; i < n && d.err == nil; i++ {
 		h, parent, key, tiers := d.u64(), d.u64(), d.u64(), d.byte()
-		_, attached := ws.blocks[h]
+		_, attached := ws.blocks.get(h)
 		switch {
 		case d.err != nil:
 		case i > 0 && h <= prev:
@@ -353,7 +352,7 @@ func (d *decoder) readEntries(st *state, wid uint32) {
 		prev = h
 	}
 	for p := range ws.waiting {
-		if _, ok := ws.blocks[p]; ok && d.err == nil {
+		if _, ok := ws.blocks.get(p); ok && d.err == nil {
 			d.fail("%v: detached blocks wait for %x, which is attached", ws.key, p)
 		}
 	}

@@ -1,11 +1,21 @@
 package radix
 
+import (
+	"bytes"
+	"hash/maphash"
+	"unsafe"
+)
+
 // state is the index proper: single-threaded, guarded by Index.mu.
 //
 // The tree lives in an arena of nodes addressed by uint32. Node 0 is the
 // super-root; its children are the namespace roots (keyed by namespace id), whose
-// descendants are block nodes (keyed by local block key). Edges are in one hash
-// table keyed by (parent, key).
+// descendants are block nodes (keyed by local block key).
+//
+// Each node's hint is its most recently created child (or 0); every other child
+// is found through one hash table keyed by (parent, key). Most nodes are links of
+// a chain with a single child, which is the hint: walking and extending chains
+// never touches the table, and the table holds only the edges of branching nodes.
 type state struct {
 	maxDetached int
 
@@ -22,9 +32,12 @@ type state struct {
 	rank      []uint32 // worker id -> position in order
 	freeIDs   []uint32
 
+	seed uint64 // for the hash tables: keys come from users' prompts and engines
+
 	namespaces, blockNodes, residencies, detached int
 	counters                                      Counters
 	stack                                         []uint64 // reused by reattach
+	sink                                          uint64   // keeps prefetch loads alive
 }
 
 // noNode marks a freed arena slot (as its parent).
@@ -35,7 +48,7 @@ const noNode = ^uint32(0)
 type node struct {
 	key      uint64
 	parent   uint32
-	hint     uint32 // the child most recently stored under this node (or 0): tried before the edge table
+	hint     uint32 // the most recently created child, not in the edge table (0: none)
 	children uint32
 	holders  [2]uint32
 	more     uint32 // index into state.extra for holders beyond two, 0 = none
@@ -48,10 +61,12 @@ func newState(cfg Config) state {
 	if maxDetached <= 0 {
 		maxDetached = DefaultMaxDetachedPerWorker
 	}
+	seed := maphash.Comparable(maphash.MakeSeed(), 0)
 	return state{
 		maxDetached: maxDetached,
 		nodes:       []node{{parent: noNode}},
-		edges:       newEdgeTable(),
+		edges:       newEdgeTable(seed),
+		seed:        seed,
 		extra:       [][]uint32{nil},
 		workerIDs:   map[WorkerKey]uint32{},
 		byName:      map[string][]uint32{},
@@ -60,33 +75,44 @@ func newState(cfg Config) state {
 
 // child returns parent's child with key, or 0.
 func (st *state) child(parent uint32, key uint64) uint32 {
-	if h := st.nodes[parent].hint; h != 0 && st.nodes[h].key == key {
-		return h
+	p := &st.nodes[parent]
+	tabled := p.children
+	if p.hint != 0 {
+		if st.nodes[p.hint].key == key {
+			return p.hint
+		}
+		tabled--
+	}
+	if tabled == 0 {
+		return 0
 	}
 	return st.edges.find(st.nodes, parent, key)
 }
 
-// childOrCreate returns parent's child with key, creating it when missing, and makes
-// it parent's hint (recently stored paths are the likely next matches).
+// childOrCreate returns parent's child with key, creating it when missing.
 func (st *state) childOrCreate(parent uint32, key uint64) uint32 {
-	c := st.child(parent, key)
-	if c == 0 {
-		if c = st.freeNode; c != 0 {
-			st.freeNode = st.nodes[c].hint
-			st.nodes[c] = node{key: key, parent: parent}
-		} else {
-			c = uint32(len(st.nodes))
-			st.nodes = append(st.nodes, node{key: key, parent: parent})
-		}
-		st.edges.insert(parent, key, c)
-		st.nodes[parent].children++
-		if parent == 0 {
-			st.namespaces++
-		} else {
-			st.blockNodes++
-		}
+	if c := st.child(parent, key); c != 0 {
+		return c
 	}
-	st.nodes[parent].hint = c
+	c := st.freeNode
+	if c != 0 {
+		st.freeNode = st.nodes[c].hint
+		st.nodes[c] = node{key: key, parent: parent}
+	} else {
+		c = uint32(len(st.nodes))
+		st.nodes = append(st.nodes, node{key: key, parent: parent})
+	}
+	p := &st.nodes[parent]
+	if p.hint != 0 { // the old hint becomes an ordinary, tabled child
+		st.edges.insert(parent, st.nodes[p.hint].key, p.hint)
+	}
+	p.hint = c
+	p.children++
+	if parent == 0 {
+		st.namespaces++
+	} else {
+		st.blockNodes++
+	}
 	return c
 }
 
@@ -99,7 +125,13 @@ func (st *state) release(n uint32) {
 			return
 		}
 		p := nd.parent
-		st.edges.remove(p, nd.key, n)
+		pn := &st.nodes[p]
+		if pn.hint == n {
+			pn.hint = 0
+		} else {
+			st.edges.remove(p, nd.key, n)
+		}
+		pn.children--
 		if p == 0 {
 			st.namespaces--
 		} else {
@@ -107,11 +139,6 @@ func (st *state) release(n uint32) {
 		}
 		*nd = node{parent: noNode, hint: st.freeNode}
 		st.freeNode = n
-		pn := &st.nodes[p]
-		pn.children--
-		if pn.hint == n {
-			pn.hint = 0
-		}
 		n = p
 	}
 }
@@ -144,6 +171,27 @@ func (st *state) findHolder(n, wid uint32) (pos, count int) {
 		}
 	}
 	return pos, 2 + len(ex)
+}
+
+// moreHolders returns the holders of n beyond the inline two.
+func (st *state) moreHolders(n *node) []uint32 {
+	if n.more == 0 {
+		return nil
+	}
+	return st.extra[n.more]
+}
+
+// sameHolders reports whether nodes a and b have identical holder lists (workers,
+// tiers and order).
+func (st *state) sameHolders(a, b uint32) bool {
+	na, nb := &st.nodes[a], &st.nodes[b]
+	return na.holders == nb.holders && bytes.Equal(asBytes(st.moreHolders(na)), asBytes(st.moreHolders(nb)))
+}
+
+// asBytes views holders as bytes, so comparing lists is one vectorised memequal
+// (a per-element loop costs the most of a Match over many holders).
+func asBytes(s []uint32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 4*len(s))
 }
 
 func (st *state) holderAt(n uint32, i int) uint32 {

@@ -13,7 +13,7 @@ import (
 // parent in waiting is in blocks.
 type workerState struct {
 	key    WorkerKey
-	blocks map[uint64]entry // engine hash -> node, for attached blocks
+	blocks blockTable // engine hash -> node, for attached blocks
 	// aliases counts entries per tier at nodes this worker reaches through two or
 	// more engine hashes (e.g. equal tokens with different multimodal inputs), so
 	// removing one hash does not drop a tier another still holds.
@@ -37,8 +37,8 @@ type detachedBlock struct {
 	tiers       uint8
 }
 
-func newWorkerState(w WorkerKey) *workerState {
-	return &workerState{key: w, blocks: map[uint64]entry{}}
+func newWorkerState(w WorkerKey, seed uint64) *workerState {
+	return &workerState{key: w, blocks: newBlockTable(seed)}
 }
 
 // internWorker returns w's id, registering w when new.
@@ -50,13 +50,13 @@ func (st *state) internWorker(w WorkerKey) (uint32, error) {
 	if k := len(st.freeIDs); k > 0 {
 		wid = st.freeIDs[k-1]
 		st.freeIDs = st.freeIDs[:k-1]
-		st.workers[wid] = newWorkerState(w)
+		st.workers[wid] = newWorkerState(w, st.seed)
 	} else {
 		if len(st.workers) >= maxWorkers {
 			return 0, fmt.Errorf("%w: %d", ErrTooManyWorkers, len(st.workers))
 		}
 		wid = uint32(len(st.workers))
-		st.workers = append(st.workers, newWorkerState(w))
+		st.workers = append(st.workers, newWorkerState(w, st.seed))
 		st.rank = append(st.rank, 0)
 	}
 	st.workerIDs[w] = wid
@@ -95,11 +95,11 @@ func (st *state) forgetWorker(wid uint32) {
 // clearWorker drops all blocks of a worker; the worker stays known.
 func (st *state) clearWorker(wid uint32) {
 	ws := st.workers[wid]
-	for _, e := range ws.blocks {
+	for _, e := range ws.blocks.all() {
 		st.setHolder(e.node, wid, 0) // a no-op for the second hash of an alias
 	}
 	st.detached -= len(ws.detached)
-	ws.blocks = map[uint64]entry{}
+	ws.blocks = newBlockTable(st.seed)
 	ws.aliases, ws.detached, ws.waiting = nil, nil, nil
 }
 
@@ -108,7 +108,7 @@ func (st *state) clearWorker(wid uint32) {
 func (st *state) addEntryTiers(wid uint32, h uint64, n uint32, mask uint8) {
 	ws := st.workers[wid]
 	held := st.holderMask(n, wid)
-	e, exists := ws.blocks[h]
+	e, exists := ws.blocks.get(h)
 	added := mask &^ e.tiers
 	a, aliased := ws.aliases[n]
 	if !exists && held != 0 {
@@ -126,7 +126,7 @@ func (st *state) addEntryTiers(wid uint32, h uint64, n uint32, mask uint8) {
 		}
 		ws.aliases[n] = a
 	}
-	ws.blocks[h] = entry{node: n, tiers: e.tiers | mask}
+	ws.blocks.set(h, entry{node: n, tiers: e.tiers | mask})
 	st.setHolder(n, wid, held|mask)
 }
 
@@ -136,9 +136,9 @@ func (st *state) dropEntryTiers(wid uint32, h uint64, e entry, mask uint8) {
 	mask &= e.tiers
 	e.tiers &^= mask
 	if e.tiers == 0 {
-		delete(ws.blocks, h)
+		ws.blocks.delete(h)
 	} else {
-		ws.blocks[h] = e
+		ws.blocks.set(h, e)
 	}
 	held := e.tiers
 	if a, ok := ws.aliases[e.node]; ok {
@@ -200,11 +200,32 @@ func (st *state) dropDetachedTiers(ws *workerState, h uint64, d detachedBlock, m
 	}
 }
 
+// prefetch reads, ahead of a batch, the memory its blocks will need: their table
+// slots and, when removing, their nodes and those nodes' edge slots. Loads issued
+// back to back overlap their cache misses, where the batch itself would wait for
+// them one after the other; with the index far larger than the caches this is
+// most of the cost of an event. It changes nothing.
+func (st *state) prefetch(ws *workerState, hashes []uint64, removing bool) {
+	var sink uint64
+	for _, h := range hashes {
+		sink += ws.blocks.peek(h)
+	}
+	if removing {
+		for _, h := range hashes {
+			if e, ok := ws.blocks.get(h); ok {
+				n := &st.nodes[e.node]
+				sink += st.edges.peek(n.parent, n.key)
+			}
+		}
+	}
+	st.sink = sink
+}
+
 // storeAttached places hash h with key under node at for worker wid and returns its node.
 func (st *state) storeAttached(wid uint32, at uint32, h, key uint64, mask uint8, res *StoreResult) uint32 {
 	ws := st.workers[wid]
 	target := st.childOrCreate(at, key)
-	e, ok := ws.blocks[h]
+	e, ok := ws.blocks.get(h)
 	if ok && e.node == target {
 		if e.tiers&mask == mask {
 			res.Duplicate++
@@ -244,7 +265,7 @@ func (st *state) storeDetached(wid uint32, parent, h, key uint64, mask uint8, re
 		}
 		return
 	}
-	if _, ok := ws.blocks[h]; ok || ws.detached[h].tiers != 0 {
+	if _, ok := ws.blocks.get(h); ok || ws.detached[h].tiers != 0 {
 		st.dropPlacement(wid, h)
 		res.Replaced++
 	}
@@ -259,7 +280,7 @@ func (st *state) storeDetached(wid uint32, parent, h, key uint64, mask uint8, re
 // dropPlacement forgets hash h of worker wid wherever it is, attached or detached.
 func (st *state) dropPlacement(wid uint32, h uint64) {
 	ws := st.workers[wid]
-	if e, ok := ws.blocks[h]; ok {
+	if e, ok := ws.blocks.get(h); ok {
 		st.dropEntryTiers(wid, h, e, e.tiers)
 	} else if d, ok := ws.detached[h]; ok {
 		st.dropDetachedTiers(ws, h, d, d.tiers)
@@ -280,7 +301,8 @@ func (st *state) reattach(wid uint32, h uint64) int {
 			continue
 		}
 		delete(ws.waiting, p)
-		at := ws.blocks[p].node
+		parent, _ := ws.blocks.get(p)
+		at := parent.node
 		for _, c := range kids {
 			d := ws.detached[c]
 			delete(ws.detached, c)
