@@ -29,20 +29,26 @@ func topicWorkerID(t *testing.T, e *fakeengine.Engine) string {
 	return worker
 }
 
-// handshake makes a bind-mode engine that the index knows nothing about publish
-// until the Manager has applied one of its batches: its first batches may be lost
-// to ZMQ's slow-joiner window, and without a replay endpoint nothing brings them
-// back. Each round publishes AllBlocksCleared of an idle engine, so whatever the
-// first batch the Manager sees, the index and the engine agree from there on.
-func handshake(t *testing.T, p *pipeline, worker string, e *fakeengine.Engine) {
+// handshake makes idle engines publish until the Manager has applied a batch of
+// every rank: a subscription becomes live some time after it is made (ZMQ's slow
+// joiner), and traffic sent before would reach the index only through replays.
+// Each round publishes AllBlocksCleared, so whatever batch the Manager sees first,
+// the index and the engine agree from there on.
+func handshake(t *testing.T, p *pipeline, engines ...followed) {
 	t.Helper()
-	waitFor(t, "first batch of "+worker, func() bool {
-		if err := e.ResetPrefixCache(); err != nil {
-			t.Fatal(err)
-		}
-		_, ok := p.applier.Cursor(Stream{Worker: worker})
-		return ok
-	})
+	for _, f := range engines {
+		waitFor(t, "first batch of "+f.worker, func() bool {
+			if err := f.engine.ResetPrefixCache(); err != nil {
+				t.Fatal(err)
+			}
+			for r := range f.engine.Config().DataParallelSize {
+				if _, ok := p.applier.Cursor(Stream{Worker: f.worker, DPRank: uint32(r)}); !ok {
+					return false
+				}
+			}
+			return true
+		})
+	}
 }
 
 func TestIndexEqualsUnionOfEngineCaches(t *testing.T) {
@@ -88,9 +94,9 @@ func TestIndexEqualsUnionOfEngineCaches(t *testing.T) {
 	}
 	discovered := bindEngine(t, p, func(c *fakeengine.Config) { c.KVEventsReplayEndpoint = "" })
 	discoveredID := topicWorkerID(t, discovered)
-	handshake(t, p, discoveredID, discovered)
 
 	all := append(connected, followed{declaredID, declared}, followed{discoveredID, discovered})
+	handshake(t, p, all...)
 	traffic{seed: 1, requests: 60, inFlight: 4, salts: []string{"tenant-a", "tenant-b"}}.
 		run(t, plain, legacy, dataParallel, lora, declared, discovered)
 	waitConverged(t, p.applier, all...)

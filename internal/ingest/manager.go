@@ -91,6 +91,11 @@ type ManagerConfig struct {
 	// ReplayBackoffMax caps the pause after failed replays (it doubles from
 	// ReplayTimeout); gaps during the pause drop the worker's blocks at once.
 	ReplayBackoffMax time.Duration
+	// IdleReplayInterval: a stream with a replay endpoint that received nothing for
+	// this long asks the engine for anything after its cursor (engines send no
+	// heartbeat, so a lost last batch is otherwise invisible until the next one).
+	// 0 disables it.
+	IdleReplayInterval time.Duration
 	// RestartWindow is the "near 0" bound of engine restart detection
 	// (DefaultRestartWindow when 0).
 	RestartWindow uint64
@@ -118,6 +123,7 @@ func DefaultManagerConfig() ManagerConfig {
 		MaxFrameBytes:       DefaultMaxFrameBytes,
 		ReplayTimeout:       2 * time.Second,
 		ReplayBackoffMax:    30 * time.Second,
+		IdleReplayInterval:  5 * time.Second,
 		BadInputLogInterval: 10 * time.Second,
 		PollInterval:        50 * time.Millisecond,
 	}
@@ -144,6 +150,8 @@ func (c ManagerConfig) Validate() error {
 		return invalidConfig("--replay-timeout=%v must be positive", c.ReplayTimeout)
 	case c.ReplayBackoffMax < 0:
 		return invalidConfig("replay back-off max %v must not be negative", c.ReplayBackoffMax)
+	case c.IdleReplayInterval < 0:
+		return invalidConfig("--idle-replay-interval=%v must not be negative", c.IdleReplayInterval)
 	case c.WorkersFilePoll <= 0:
 		return invalidConfig("workers file poll interval %v must be positive", c.WorkersFilePoll)
 	case c.BadInputLogInterval < 0:
@@ -439,6 +447,7 @@ func (m *Manager) Run(ctx context.Context, sink Sink, cursors CursorSource) erro
 		badLog:        m.badLog,
 		maxFrame:      m.cfg.MaxFrameBytes,
 		restartWindow: m.cfg.RestartWindow,
+		idleReplay:    m.cfg.IdleReplayInterval,
 		newReplayer:   m.newReplayer,
 	}
 	m.lockChange(context.Background())
@@ -585,6 +594,13 @@ func (r *run) startWorker(spec WorkerSpec) *workerRun {
 	r.workers[spec.ID] = wr
 	r.mu.Unlock()
 	if spec.Endpoint == "" || r.m.cfg.Transport != TransportZMQ {
+		if spec.Replay != "" {
+			// Streams with a known replay endpoint start now, to catch up
+			// before their engine publishes again.
+			for rank := range spec.Ranks() {
+				r.stream(wr, rank)
+			}
+		}
 		return wr
 	}
 	for rank := range spec.Ranks() {

@@ -38,9 +38,10 @@ type pipeline struct {
 }
 
 // testManagerConfig returns a config suited to tests: short poll and replay
-// timeouts, loopback only.
+// timeouts, and no idle replays, so that replay counters count gaps only.
 func testManagerConfig() ManagerConfig {
 	c := DefaultManagerConfig()
+	c.IdleReplayInterval = 0
 	c.DefaultBlockSize = 0
 	c.PollInterval = 10 * time.Millisecond
 	c.ReplayTimeout = time.Second

@@ -50,6 +50,7 @@ type streamEnv struct {
 	badLog        *rateLimitedLog
 	maxFrame      int
 	restartWindow uint64
+	idleReplay    time.Duration
 	newReplayer   func() *replayer
 }
 
@@ -70,6 +71,12 @@ type streamRunner struct {
 	sm      *streamMetrics
 	log     *slog.Logger
 	started bool // a batch has been applied (or the stream resumed from a cursor)
+	// caughtUp/caughtUpSeq/caughtUpTS: the start-up catch-up replay ended at
+	// caughtUpSeq, a batch stamped caughtUpTS; live batches up to there are still
+	// queued copies of replayed ones (see handle).
+	caughtUp    bool
+	caughtUpSeq uint64
+	caughtUpTS  float64
 	// discarded: the tracker was told of a lost batch, so its next reset is
 	// reported as "undecodable".
 	discarded bool
@@ -131,25 +138,74 @@ func (s *streamRunner) run(ctx context.Context) error {
 		s.status.LastSeq, s.status.Epoch = c.Seq, c.Epoch
 		s.mu.Unlock()
 	}
+	if s.replayEP != "" {
+		if err := s.catchUp(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+	// An idle stream with a replay endpoint asks for what it may have missed:
+	// engines send no heartbeat, so a lost last batch (or a whole burst lost to
+	// the slow-joiner window) would otherwise stay unseen until the next batch.
+	var idleTimer *time.Timer
+	var idle <-chan time.Time
+	if s.env.idleReplay > 0 {
+		idleTimer = time.NewTimer(s.env.idleReplay)
+		defer idleTimer.Stop()
+		idle = idleTimer.C
+	}
 	for {
+		var err error
 		select {
 		case <-ctx.Done():
 			return nil
 		case it := <-s.in:
-			if err := s.handle(ctx, &it); err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return err
+			err = s.handle(ctx, &it)
+		case <-idle:
+			if s.replayEP != "" {
+				err = s.catchUp(ctx)
 			}
 		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if idleTimer != nil {
+			idleTimer.Reset(s.env.idleReplay)
+		}
 	}
+}
+
+// catchUp replays, when the stream starts, what the engine published after the
+// cursor (or its whole buffer for a stream the index does not know): an engine
+// that went idle must not wait for its next batch to be indexed, and a new Raft
+// leader must not wait for traffic to fill what the old one missed.
+func (s *streamRunner) catchUp(ctx context.Context) error {
+	from := uint64(0)
+	if c, ok := s.tr.Cursor(); ok {
+		from = c.Seq + 1
+	}
+	return s.replay(ctx, replayCatchUp, from, replayUntilEnd)
 }
 
 // handle applies one live batch per the Tracker's rules (see doc.go).
 func (s *streamRunner) handle(ctx context.Context, it *item) error {
 	if s.replayEP == "" && it.replay != "" {
 		s.replayEP = it.replay
+	}
+	if s.caughtUp {
+		if it.seq <= s.caughtUpSeq && (it.err != nil || it.batch.TS <= s.caughtUpTS) {
+			// A live copy of a batch the catch-up replayed. The Tracker would take
+			// a live seq below its cursor, before any newer live batch, for an
+			// engine restart; a restarted engine's batches are stamped later.
+			s.sm.duplicate.Inc()
+			return nil
+		}
+		s.caughtUp = false
 	}
 	if !s.started && it.seq > 0 {
 		// The first batch of a stream we know nothing about: what the engine
@@ -207,6 +263,9 @@ func (s *streamRunner) replay(ctx context.Context, reason string, from, upTo uin
 		it := item{seq: f.Seq}
 		it.batch, it.err = s.decode(f.Payload, "replay")
 		s.sm.replayed(reason)
+		if reason == replayCatchUp && upTo == replayUntilEnd {
+			s.caughtUp, s.caughtUpSeq, s.caughtUpTS = true, f.Seq, it.batch.TS
+		}
 		if err := s.submit(ctx, &it, a, reason); err != nil {
 			sinkErr = err
 			return errStopReplay
@@ -254,7 +313,7 @@ func countDecode(env *streamEnv, source string, st DecodeStats, err error) {
 			reason = "oversize"
 		}
 		m.decodeErrors.WithLabelValues(source, reason).Inc()
-		env.badLog.Warn(source+"/"+reason, "dropping undecodable event batch", "source", source, "err", err)
+		env.badLog.Warn(source+"/"+reason, "dropping undecodable event batch", "source", source, "reason", reason, "err", err)
 	}
 	if st.UnknownEvents > 0 {
 		m.skipped.WithLabelValues("event").Add(float64(st.UnknownEvents))
