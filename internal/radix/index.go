@@ -200,13 +200,13 @@ func (st *state) stored(w WorkerKey, ns, parent uint64, hasParent bool, hashes, 
 	}
 	ws := st.workers[wid]
 	var res StoreResult
-	at, attached := uint32(0), true // at: node of the previous block, when attached
-	switch {
-	case !hasParent:
-		at = st.childOrCreate(0, ns)
-	default:
+	var at uint32 // the node of the previous block, while attached
+	attached := true
+	if hasParent {
 		e, ok := ws.blocks.get(parent)
 		at, attached = e.node, ok
+	} else {
+		at = st.childOrCreate(0, ns)
 	}
 	st.prefetch(ws, hashes, false)
 	prev := parent

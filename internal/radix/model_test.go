@@ -443,3 +443,48 @@ func TestIndexAgreesWithReferenceModel(t *testing.T) {
 		})
 	}
 }
+
+// FuzzIndexAgreesWithReferenceModel decodes the input into events over a tiny
+// universe (3 bytes each) and compares the index with the model after each.
+func FuzzIndexAgreesWithReferenceModel(f *testing.F) {
+	f.Add([]byte{0x00, 0x11, 0x22, 0x40, 0x13, 0x25, 0x80, 0x11, 0x02, 0xc0, 0x00, 0x00})
+	f.Add([]byte{0x41, 0x31, 0x07, 0x01, 0x11, 0x09, 0x81, 0x31, 0x00, 0x01, 0x21, 0x01})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		const maxDetached = 3
+		ix, ref := New(Config{MaxDetachedPerWorker: maxDetached}), newRef(maxDetached)
+		workers := []WorkerKey{wA, wA1, wB}
+		for i := 0; i+3 <= len(data) && i < 300; i += 3 {
+			a, b, c := data[i], data[i+1], data[i+2]
+			e := event{w: workers[int(a&3)%len(workers)], tier: Tier(int(a>>2&3) % NumTiers), ns: uint64(1 + a>>4&1)}
+			switch a >> 6 {
+			case 0, 1: // stored: b = parent hash (0: none) and length, c = keys
+				e.kind = "stored"
+				e.parent, e.hasParent = uint64(b&7), b&7 != 0
+				for k := range 1 + int(b>>3&3) {
+					e.keys = append(e.keys, uint64(c>>(2*k)&3))
+					e.hashes = append(e.hashes, uint64(1+(int(b>>5)+int(c>>(2*k)&3)+k)%7))
+				}
+			case 2:
+				e.kind = "removed"
+				e.hashes = []uint64{uint64(b & 7), uint64(c & 7)}
+			default:
+				e.kind = []string{"cleared", "remove-worker"}[b&1]
+			}
+			gotS, gotR, err := apply(ix, e)
+			wantS, wantR := applyRef(ref, e)
+			if err != nil || gotS != wantS || gotR != wantR {
+				t.Fatalf("%s: %+v %+v %v, model %+v %+v", e, gotS, gotR, err, wantS, wantR)
+			}
+			for ns := uint64(1); ns <= 2; ns++ {
+				keys := []uint64{uint64(c & 3), uint64(c >> 2 & 3), uint64(c >> 4 & 3), uint64(c >> 6)}
+				got, want := ix.Match(ns, keys, nil, nil), ref.match(ns, keys, nil)
+				if len(got)+len(want) > 0 && !reflect.DeepEqual(got, want) {
+					t.Fatalf("after %s: Match(%d, %v) = %+v, model %+v", e, ns, keys, got, want)
+				}
+			}
+		}
+		if err := checkInvariants(ix); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
