@@ -1,0 +1,203 @@
+package ingest
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParseWorkerFlag(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want WorkerSpec
+		err  string
+	}{
+		{
+			in: "id=w1,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,model=M,block-size=16,dp-size=2",
+			want: WorkerSpec{ID: "w1", Endpoint: "tcp://10.0.0.5:5557", Replay: "tcp://10.0.0.5:5558", Model: "M",
+				BlockSize: 16, DPSize: 2},
+		},
+		{
+			in:   "id=pod-7,model=meta/llama@v1,topic=kv@pod-7@meta/llama,role=prefill,http=http://pod-7:8000,label.zone=a",
+			want: WorkerSpec{ID: "pod-7", Model: "meta/llama@v1", Topic: "kv@pod-7@meta/llama", Role: "prefill", HTTP: "http://pod-7:8000", Labels: map[string]string{"zone": "a"}},
+		},
+		{in: "id=w1", err: "model must not be empty"},
+		{in: "model=M", err: "id must not be empty"},
+		{in: "id=w 1,model=M", err: "whitespace"},
+		{in: "id=w1,model=M,colour=red", err: `unknown key "colour"`},
+		{in: "id=w1,model=M,id=w2", err: "id given twice"},
+		{in: "id=w1,model=M,block-size=x", err: "not an integer"},
+		{in: "id=w1,model=M,block-size=-1", err: "block-size=-1"},
+		{in: "id=w1,model=M,dp-size=5000", err: "dp-size=5000"},
+		{in: "id=w1,model=M,role=boss", err: `role="boss"`},
+		{in: "id=w1,model=M,endpoint=10.0.0.5:5557", err: "want a tcp://, ipc:// or inproc://"},
+		{in: "id=w1,model=M,endpoint=tcp://h:65535,dp-size=2", err: "dp rank 1"},
+		{in: "id=w1,model=M,replay=tcp://:5558", err: "empty host"},
+		{in: "id=w1,model", err: "not key=value"},
+	} {
+		got, err := ParseWorkerFlag(c.in)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) || !errors.Is(err, ErrInvalidWorker) {
+				t.Errorf("ParseWorkerFlag(%q) error = %v, want ErrInvalidWorker mentioning %q", c.in, err, c.err)
+			}
+			continue
+		}
+		if err != nil || !got.Equal(c.want) {
+			t.Errorf("ParseWorkerFlag(%q) = %+v, %v; want %+v", c.in, got, err, c.want)
+			continue
+		}
+		back, err := ParseWorkerFlag(got.String())
+		if err != nil || !back.Equal(got) {
+			t.Errorf("String() of %q does not parse back: %q -> %+v, %v", c.in, got.String(), back, err)
+		}
+	}
+}
+
+func TestOffsetEndpointPerRank(t *testing.T) {
+	for _, c := range []struct {
+		ep   string
+		rank uint32
+		want string
+	}{
+		{"tcp://10.0.0.5:5557", 0, "tcp://10.0.0.5:5557"},
+		{"tcp://10.0.0.5:5557", 3, "tcp://10.0.0.5:5560"},
+		{"tcp://[::1]:5557", 1, "tcp://[::1]:5558"},
+		{"ipc:///tmp/kv", 0, "ipc:///tmp/kv"},
+		{"ipc:///tmp/kv", 2, "ipc:///tmp/kv_dp2"},
+		{"inproc://kv", 1, "inproc://kv_dp1"},
+	} {
+		got, err := OffsetEndpoint(c.ep, c.rank)
+		if err != nil || got != c.want {
+			t.Errorf("OffsetEndpoint(%q, %d) = %q, %v; want %q", c.ep, c.rank, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"tcp://host", "tcp://host:x", "tcp://host:0", "udp://h:1", "ipc://"} {
+		if _, err := OffsetEndpoint(bad, 0); err == nil {
+			t.Errorf("OffsetEndpoint(%q) accepted", bad)
+		}
+	}
+}
+
+func TestParseWorkersFile(t *testing.T) {
+	good := `workers:
+  - id: w1
+    model: M
+    endpoint: tcp://10.0.0.5:5557
+    replay: tcp://10.0.0.5:5558
+    block-size: 16
+    dp-size: 2
+    labels: {zone: a}
+  - id: w2
+    model: M
+`
+	ws, err := ParseWorkers([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []WorkerSpec{
+		{ID: "w1", Model: "M", Endpoint: "tcp://10.0.0.5:5557", Replay: "tcp://10.0.0.5:5558", BlockSize: 16, DPSize: 2, Labels: map[string]string{"zone": "a"}},
+		{ID: "w2", Model: "M"},
+	}
+	if len(ws) != len(want) || !ws[0].Equal(want[0]) || !ws[1].Equal(want[1]) {
+		t.Errorf("ParseWorkers = %+v, want %+v", ws, want)
+	}
+	if ws, err := ParseWorkers(nil); err != nil || len(ws) != 0 {
+		t.Errorf("empty file = %v, %v; want no workers", ws, err)
+	}
+	for _, c := range []struct{ yaml, err string }{
+		{"workers:\n  - id: w1\n    model: M\n    colour: red\n", "colour"},
+		{"workers:\n  - id: w1\n    model: M\n  - id: w1\n    model: M\n", "listed twice"},
+		{"workers:\n  - id: w1\n", "workers[0]"},
+		{"workers: [", "invalid worker"},
+	} {
+		if _, err := ParseWorkers([]byte(c.yaml)); err == nil || !strings.Contains(err.Error(), c.err) {
+			t.Errorf("ParseWorkers(%q) error = %v, want %q", c.yaml, err, c.err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "w.yaml")
+	if err := os.WriteFile(path, []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ws, err := LoadWorkersFile(path); err != nil || len(ws) != 2 {
+		t.Errorf("LoadWorkersFile = %v, %v", ws, err)
+	}
+	if _, err := LoadWorkersFile(path + ".missing"); err == nil {
+		t.Error("LoadWorkersFile of a missing file succeeded")
+	}
+}
+
+func TestManagerConfigValidate(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		mutate func(*ManagerConfig)
+		err    string
+	}{
+		{"transport", func(c *ManagerConfig) { c.Transport = "kafka" }, "--kv-event-transport=\"kafka\""},
+		{"nats url", func(c *ManagerConfig) { c.Transport = TransportNATS }, "needs --nats-url"},
+		{"nats and bind", func(c *ManagerConfig) { c.Transport, c.NATSURL, c.ZMQBind = TransportNATS, "nats://x", "tcp://*:1" }, "--zmq-bind"},
+		{"subject prefix", func(c *ManagerConfig) {
+			c.Transport, c.NATSURL, c.NATSSubjectPrefix = TransportNATS, "nats://x", "kv.*"
+		}, "--nats-subject-prefix"},
+		{"block size", func(c *ManagerConfig) { c.DefaultBlockSize = -1 }, "--block-size=-1"},
+		{"frame", func(c *ManagerConfig) { c.MaxFrameBytes = 10 }, "--max-frame-bytes=10"},
+		{"replay timeout", func(c *ManagerConfig) { c.ReplayTimeout = 0 }, "--replay-timeout"},
+		{"idle replay", func(c *ManagerConfig) { c.IdleReplayInterval = -1 }, "--idle-replay-interval"},
+		{"bind", func(c *ManagerConfig) { c.ZMQBind = "5557" }, "--zmq-bind=\"5557\""},
+		{"worker", func(c *ManagerConfig) { c.Workers = []WorkerSpec{{ID: "w"}} }, "model must not be empty"},
+		{"duplicate worker", func(c *ManagerConfig) { c.Workers = []WorkerSpec{{ID: "w", Model: "m"}, {ID: "w", Model: "m"}} }, "given twice"},
+	} {
+		cfg := DefaultManagerConfig()
+		c.mutate(&cfg)
+		err := cfg.Validate()
+		if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), c.err) {
+			t.Errorf("%s: Validate() = %v, want ErrInvalidConfig mentioning %q", c.name, err, c.err)
+		}
+	}
+	if err := DefaultManagerConfig().Validate(); err != nil {
+		t.Errorf("defaults invalid: %v", err)
+	}
+}
+
+// A worker given by --worker cannot be replaced through the registry; registry
+// workers can be replaced and removed; an invalid workers file fails NewManager.
+func TestWorkerSourcesAndConflicts(t *testing.T) {
+	cfg := testManagerConfig()
+	cfg.Workers = []WorkerSpec{{ID: "static", Model: "m"}}
+	m, err := NewManager(cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.AddWorker(WorkerSpec{ID: "static", Model: "other"}); !errors.Is(err, ErrWorkerConflict) {
+		t.Errorf("replacing a --worker = %v, want ErrWorkerConflict", err)
+	}
+	if err := m.AddWorker(WorkerSpec{ID: "dyn", Model: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.AddWorker(WorkerSpec{ID: "dyn", Model: "m2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.AddWorker(WorkerSpec{ID: "bad"}); !errors.Is(err, ErrInvalidWorker) {
+		t.Errorf("AddWorker(invalid) = %v", err)
+	}
+	ws := m.Workers()
+	if len(ws) != 2 || ws[0].Spec.ID != "dyn" || ws[0].Spec.Model != "m2" || ws[0].Source != SourceRegistry || ws[1].Source != SourceFlag {
+		t.Errorf("Workers() = %+v", ws)
+	}
+	m.RemoveWorker("dyn")
+	m.RemoveWorker("never-there")
+	if ws := m.Workers(); len(ws) != 1 {
+		t.Errorf("after RemoveWorker: %+v", ws)
+	}
+
+	path := filepath.Join(t.TempDir(), "w.yaml")
+	if err := os.WriteFile(path, []byte("workers:\n  - id: x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.WorkersFile = path
+	if _, err := NewManager(cfg, nil, nil); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("NewManager with an invalid workers file = %v, want ErrInvalidConfig", err)
+	}
+}
