@@ -1,10 +1,12 @@
 // Package ingest turns the KV-cache event streams of inference engines (vLLM,
 // SGLang) into ordered, decoded batches for the index.
 //
-// This part of the package is pure and does no I/O: ZMQ frame and topic parsing
-// (frame.go), msgpack decoding (decode.go, event.go) and per-stream sequence tracking
-// (sequence.go). The sockets, NATS subscribers and the pipeline that drive them live
-// beside it.
+// One part of the package is pure and does no I/O: ZMQ frame and topic parsing
+// (frame.go), msgpack decoding (decode.go, event.go), per-stream sequence tracking
+// (sequence.go), events to index operations (ops.go) and applying them (apply.go).
+// The other part drives it: the Manager's ZMQ and NATS subscribers (manager.go,
+// stream.go, zmq.go, nats.go, replay.go), the relay (relay.go) and the single-node
+// hand-off to the index (localsink.go).
 //
 // # Wire format
 //
@@ -66,9 +68,48 @@
 //		// then: if a := tr.FinishReplay(); a.Applies() { submit the held batch, Reset: a.Clears() }
 //	} // ActionDuplicate: drop it
 //
+// # Pipeline
+//
+// A Manager keeps a registry of workers (WorkerSpec: --worker flags, the
+// --workers-file, AddWorker from a registry, and workers discovered on their first
+// event) and, while Run runs, follows every one of them:
+//
+//   - Connect mode: one SUB socket per (worker, dp rank) dialing the rank's PUB
+//     endpoint (the spec's endpoint, port + rank).
+//   - Bind mode (--zmq-bind): one SUB socket that engines connect to. The worker is
+//     the registered worker whose topic is exactly the frame's topic, else the pod
+//     of llm-d's "kv@<pod>@<model>" topic (vLLM --kv-events-config
+//     '{"topic": "kv@$POD_NAME@$MODEL"}'); a worker seen for the first time is
+//     registered as "discovered" with that model. The dp rank is the batch's
+//     data_parallel_rank.
+//   - NATS: one subscription to <prefix>.*.*; see nats.go for the subject and
+//     header convention (Kv-Seq) that the relay (RunRelay) follows.
+//
+// Each socket has one goroutine that receives and decodes; each stream has one
+// goroutine that runs its Tracker, fills gaps over a DEALER to the engine's replay
+// socket, computes block keys (kvblock, the worker's model and block size, the
+// event's LoRA and cache salt) and hands StreamBatches to the Sink in order. A
+// stream with a replay endpoint also replays when it starts (from its cursor, or
+// the whole buffer for a stream the index does not know) and when it has been
+// idle for IdleReplayInterval: engines send no heartbeat, so a lost last batch
+// would otherwise stay unseen.
+//
+// The hand-off (batch.go) is what Raft goes between: a Sink receives ordered
+// StreamBatches (LocalSink applies them through a bounded queue; a replicated sink
+// proposes them), a CursorSource says where each stream stands (an Applier), and
+// an Applier applies each batch exactly once.
+//
+// Bad input (malformed frames and payloads, unknown topics, oversize frames) is
+// counted in kvindex_ingest_decode_errors_total, logged at most once per interval
+// per kind, and dropped; it never stops a socket. metrics.go lists every metric.
+//
 // # Concurrency
 //
 // A Decoder and a Tracker each belong to one goroutine (one per socket, one per
-// stream). Everything else in these files is a pure function, safe to call from
-// anywhere.
+// stream); so does every ZMQ socket. The pure functions are safe to call from
+// anywhere. Manager and LocalSink methods are safe for concurrent use (each
+// documents its own contract). Inside a Manager the lock order is: change (the
+// registry-change semaphore), then Manager.mu, then run.mu, then workerRun.mu; no
+// socket or stream goroutine takes change or Manager.mu while a registry change
+// waits for it to stop.
 package ingest
