@@ -1,7 +1,9 @@
 package radix
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -307,25 +309,45 @@ func BenchmarkApply(b *testing.B) {
 }
 
 // BenchmarkMemory reports live heap per (block, worker) residency after GC, for
-// the Match fleet ("mixed") and for blocks each held by exactly one worker
-// ("unshared", the worst case: every residency pays for its node).
+// the Match fleet ("mixed"), for blocks each held by exactly one worker
+// ("unshared": every residency pays for its node) and for the end state of
+// BenchmarkApply's churn ("after-churn": tables and arena sized by their peak).
 func BenchmarkMemory(b *testing.B) {
+	workers := make([]WorkerKey, benchWorkers)
+	for i := range workers {
+		workers[i] = benchWorker(i)
+	}
+	fleet := func(share bool, spread func(*rand.Rand) int) func(b *testing.B) (func() *Index, any) {
+		return func(b *testing.B) (func() *Index, any) {
+			rng := rand.New(rand.NewPCG(5, 6))
+			prompts := benchUniverse(rng, benchPrompts, share)
+			return func() *Index { return buildBenchIndex(b, prompts, rng, spread) }, prompts
+		}
+	}
 	for _, bc := range []struct {
-		name   string
-		share  bool
-		spread func(*rand.Rand) int
+		name    string
+		prepare func(b *testing.B) (build func() *Index, input any)
 	}{
-		{"mixed", true, holdersPerPrompt},
-		{"unshared", false, func(*rand.Rand) int { return 1 }},
+		{"mixed", fleet(true, holdersPerPrompt)},
+		{"unshared", fleet(false, func(*rand.Rand) int { return 1 })},
+		{"after-churn", func(b *testing.B) (func() *Index, any) {
+			log := genApplyEvents(rand.New(rand.NewPCG(3, 4)), 40000, 16384)
+			return func() *Index {
+				ix := New(Config{})
+				if err := log.apply(ix, workers); err != nil {
+					b.Fatal(err)
+				}
+				return ix
+			}, log
+		}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			for range b.N {
-				rng := rand.New(rand.NewPCG(5, 6))
-				prompts := benchUniverse(rng, benchPrompts, bc.share)
+				build, input := bc.prepare(b)
 				var before, after runtime.MemStats
 				runtime.GC()
 				runtime.ReadMemStats(&before)
-				ix := buildBenchIndex(b, prompts, rng, bc.spread)
+				ix := build()
 				runtime.GC()
 				runtime.ReadMemStats(&after)
 				s := ix.Stats()
@@ -334,8 +356,33 @@ func BenchmarkMemory(b *testing.B) {
 				b.ReportMetric(heap/float64(s.Nodes), "B/node")
 				b.ReportMetric(float64(s.Residencies), "residencies")
 				runtime.KeepAlive(ix)
-				runtime.KeepAlive(prompts)
+				runtime.KeepAlive(input)
 			}
 		})
 	}
+}
+
+// BenchmarkSnapshot writes and restores the Match fleet (1.0M nodes, 64 workers).
+// WriteTo holds the read lock throughout, so its time is how long writers wait.
+func BenchmarkSnapshot(b *testing.B) {
+	loadMatchFleet(b)
+	var buf bytes.Buffer
+	if _, err := matchFleet.ix.WriteTo(&buf); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("WriteTo", func(b *testing.B) {
+		for range b.N {
+			if _, err := matchFleet.ix.WriteTo(io.Discard); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(buf.Len())/(1<<20), "MiB")
+	})
+	b.Run("ReadFrom", func(b *testing.B) {
+		for range b.N {
+			if _, err := New(Config{}).ReadFrom(bytes.NewReader(buf.Bytes())); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // Digest is SHA-256 of the canonical snapshot (what WriteTo writes). The snapshot
-// lists workers sorted by WorkerKey, nodes breadth-first with siblings sorted by
+// lists workers sorted by WorkerKey, nodes depth-first with siblings sorted by
 // key, and each worker's hashes sorted, so the digest depends only on the logical
 // content: two indexes fed the same events in any memory layout, or one restored
 // from the other's snapshot, have equal digests.
@@ -22,8 +22,10 @@ func (ix *Index) Digest() [32]byte {
 	return d
 }
 
-// canonicalOrder returns the live nodes breadth-first from the super-root (first),
-// siblings by ascending key, and each arena index's position in that order.
+// canonicalOrder returns the live nodes in depth-first pre-order from the
+// super-root (first), siblings by ascending key, and each arena index's position
+// in that order. Depth-first keeps chains together, and chains sit together in
+// the arena, so the walk mostly reads memory in order.
 func (st *state) canonicalOrder() (order, position []uint32) {
 	// Children of each node, grouped by parent (counting sort), then sorted by key.
 	start := make([]uint32, len(st.nodes)+1)
@@ -36,23 +38,24 @@ func (st *state) canonicalOrder() (order, position []uint32) {
 		start[i] += start[i-1]
 	}
 	kids := make([]uint32, start[len(st.nodes)])
-	fill := slices.Clone(start[:len(st.nodes)])
+	position = slices.Clone(start[:len(st.nodes)]) // fill cursors first, positions after
 	for i := 1; i < len(st.nodes); i++ {
 		if p := st.nodes[i].parent; p != noNode {
-			kids[fill[p]] = uint32(i)
-			fill[p]++
+			kids[position[p]] = uint32(i)
+			position[p]++
 		}
 	}
-	byKey := func(a, b uint32) int { return cmp.Compare(st.nodes[a].key, st.nodes[b].key) }
-	order = make([]uint32, 1, len(kids)+1)
-	for i := 0; i < len(order); i++ {
-		group := kids[start[order[i]]:start[order[i]+1]]
-		slices.SortFunc(group, byKey)
-		order = append(order, group...)
-	}
-	position = fill // reuse: every slot is overwritten or unused
-	for i, n := range order {
-		position[n] = uint32(i)
+	byKeyDescending := func(a, b uint32) int { return cmp.Compare(st.nodes[b].key, st.nodes[a].key) }
+	order = make([]uint32, 0, len(kids)+1)
+	stack := []uint32{0}
+	for len(stack) > 0 {
+		n := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		position[n] = uint32(len(order))
+		order = append(order, n)
+		group := kids[start[n]:start[n+1]]
+		slices.SortFunc(group, byKeyDescending) // pushed descending, popped ascending
+		stack = append(stack, group...)
 	}
 	return order, position
 }

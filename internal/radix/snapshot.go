@@ -2,6 +2,7 @@ package radix
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -17,8 +18,8 @@ import (
 //
 //	magic "kvixradx", version
 //	workers: count, then per worker (ascending WorkerKey): name length, name, dp rank
-//	nodes: count, then per node (breadth-first, siblings by ascending key):
-//	       parent position (< own position), key u64
+//	nodes: count, then per node (depth-first pre-order, siblings by ascending key):
+//	       distance back to the parent (own position - parent position, >= 1), key u64
 //	       (nodes under the super-root are namespace roots, keyed by namespace id)
 //	per worker, in the order above:
 //	       blocks: count, then (ascending hash): hash u64, node position, tier mask byte
@@ -58,22 +59,22 @@ func (st *state) writeSnapshot(w io.Writer) (int64, error) {
 	}
 	order, position := st.canonicalOrder()
 	e.uvarint(uint64(len(order) - 1))
-	for _, n := range order[1:] {
-		e.uvarint(uint64(position[st.nodes[n].parent]))
+	for i, n := range order[1:] {
+		e.uvarint(uint64(i + 1 - int(position[st.nodes[n].parent])))
 		e.u64(st.nodes[n].key)
 	}
+	var entries []blockSlot
 	var hashes []uint64
 	for _, wid := range st.order {
 		ws := st.workers[wid]
-		hashes = hashes[:0]
-		for h := range ws.blocks.all() {
-			hashes = append(hashes, h)
+		entries = entries[:0]
+		for h, b := range ws.blocks.all() {
+			entries = append(entries, blockSlot{hash: h, entry: b})
 		}
-		slices.Sort(hashes)
-		e.uvarint(uint64(len(hashes)))
-		for _, h := range hashes {
-			b, _ := ws.blocks.get(h)
-			e.u64(h)
+		slices.SortFunc(entries, func(a, b blockSlot) int { return cmp.Compare(a.hash, b.hash) })
+		e.uvarint(uint64(len(entries)))
+		for _, b := range entries {
+			e.u64(b.hash)
 			e.uvarint(uint64(position[b.node]))
 			e.write([]byte{b.tiers})
 		}
@@ -298,15 +299,15 @@ func (d *decoder) readNodes(st *state) {
 	n := d.count(math.MaxUint32-1, "node count")
 	st.nodes = slices.Grow(st.nodes, min(n, maxPrealloc))
 	for i := 1; i <= n && d.err == nil; i++ {
-		p := d.uvarint()
+		dist := d.uvarint()
 		key := d.u64()
-		if d.err == nil && p >= uint64(i) {
-			d.fail("node %d has parent %d, not an earlier node", i, p)
+		if d.err == nil && (dist == 0 || dist > uint64(i)) {
+			d.fail("node %d has its parent %d nodes back, not an earlier node", i, dist)
 		}
 		if d.err != nil {
 			return
 		}
-		parent := uint32(p)
+		parent := uint32(uint64(i) - dist)
 		if st.child(parent, key) != 0 {
 			d.fail("node %d duplicates key %x under node %d", i, key, parent)
 			return

@@ -231,10 +231,11 @@ func worker(e *encoder, name string, rank uint64) {
 	e.uvarint(rank)
 }
 
+// nodes writes nodes given as (parent position, key) pairs.
 func nodes(e *encoder, parentKey ...uint64) {
 	e.uvarint(uint64(len(parentKey) / 2))
 	for i := 0; i < len(parentKey); i += 2 {
-		e.uvarint(parentKey[i])
+		e.uvarint(uint64(i/2+1) - parentKey[i]) // wraps for a parent at or after the node: still invalid
 		e.u64(parentKey[i+1])
 	}
 }
