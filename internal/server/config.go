@@ -1,0 +1,266 @@
+package server
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/kvindex/kvindex/internal/envflag"
+	"github.com/kvindex/kvindex/internal/ingest"
+)
+
+// EnvPrefix prefixes the environment variable of every indexer flag: --http-addr is
+// read from KVINDEX_HTTP_ADDR when not given on the command line.
+const EnvPrefix = "KVINDEX_"
+
+// ErrInvalidConfig is wrapped by every configuration error; the message names the
+// flag and the bad value.
+var ErrInvalidConfig = errors.New("indexer: invalid config")
+
+// Config is the indexer's configuration. Precedence: flags > KVINDEX_* environment
+// variables > the --config file > DefaultConfig.
+type Config struct {
+	NodeID string
+	// DataDir is the node's data directory (Raft log and snapshots, from the
+	// replication issue on); a single node keeps its index in memory.
+	DataDir string
+	// GRPCAddr is validated now and served from the API issue on.
+	GRPCAddr     string
+	HTTPAddr     string
+	MaxBodyBytes int64
+	// QueueCapacity is the single-node apply queue, in batches.
+	QueueCapacity int
+	LogLevel      string
+	LogFormat     string
+	// Ingest holds --kv-event-transport, --worker, --workers-file, --zmq-bind,
+	// --nats-url, --nats-subject-prefix, --block-size and the ingest tuning flags.
+	Ingest ingest.ManagerConfig
+}
+
+// DefaultConfig returns the defaults documented on each flag.
+func DefaultConfig() Config {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "indexer-0"
+	}
+	return Config{
+		NodeID:        host,
+		DataDir:       "data",
+		GRPCAddr:      "127.0.0.1:7070",
+		HTTPAddr:      "127.0.0.1:7080",
+		MaxBodyBytes:  4 << 20,
+		QueueCapacity: ingest.DefaultQueueCapacity,
+		LogLevel:      "info",
+		LogFormat:     "text",
+		Ingest:        ingest.DefaultManagerConfig(),
+	}
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+}
+
+// Validate reports the first bad value, naming its flag.
+func (c *Config) Validate() error {
+	switch {
+	case c.NodeID == "":
+		return invalid("--node-id must not be empty")
+	case c.DataDir == "":
+		return invalid("--data-dir must not be empty")
+	case c.MaxBodyBytes < 1024:
+		return invalid("--max-body-bytes=%d must be at least 1024", c.MaxBodyBytes)
+	case c.QueueCapacity < 1:
+		return invalid("--ingest-queue=%d must be at least 1", c.QueueCapacity)
+	}
+	for _, a := range []struct{ flag, v string }{{"--grpc-addr", c.GRPCAddr}, {"--http-addr", c.HTTPAddr}} {
+		if _, _, err := net.SplitHostPort(a.v); err != nil {
+			return invalid("%s=%q is not host:port: %v", a.flag, a.v, err)
+		}
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return err
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		return invalid("--log-format=%q must be text or json", c.LogFormat)
+	}
+	return c.Ingest.Validate()
+}
+
+// workerFlag is the repeatable --worker flag. Workers from the config file are its
+// default; the first --worker on the command line (or KVINDEX_WORKER) replaces
+// them rather than adding to them, as any other flag replaces its file value.
+type workerFlag struct {
+	list       *[]ingest.WorkerSpec
+	replaceOld bool
+}
+
+func (f *workerFlag) String() string {
+	if f.list == nil {
+		return ""
+	}
+	l := ingest.WorkerList(*f.list)
+	return l.String()
+}
+
+func (f *workerFlag) Set(v string) error {
+	w, err := ingest.ParseWorkerFlag(v)
+	if err != nil {
+		return err
+	}
+	if f.replaceOld {
+		*f.list, f.replaceOld = nil, false
+	}
+	*f.list = append(*f.list, w)
+	return nil
+}
+
+// registerFlags binds every flag to cfg, with cfg's values as defaults.
+func registerFlags(fs *flag.FlagSet, cfg *Config, replaceWorkers bool) {
+	in := &cfg.Ingest
+	fs.String("config", "", "YAML `file` of flag values (keys are flag names; worker is a list); flags and KVINDEX_* variables override it")
+	fs.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's id (default: the host name)")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data `directory` (Raft log and snapshots once replication lands; a single node keeps the index in memory)")
+	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "gRPC listen `host:port` (validated; the gRPC API is not served yet)")
+	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "HTTP listen `host:port`: /metrics, /healthz, /readyz, /workers (port 0 picks a free one)")
+	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest HTTP request body accepted, in `bytes`")
+	fs.IntVar(&cfg.QueueCapacity, "ingest-queue", cfg.QueueCapacity, "event batches buffered between ingest and the index; Submit waits when full")
+	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
+
+	fs.Func("kv-event-transport", "how KV events arrive: zmq (dial workers' PUB sockets and/or --zmq-bind) or nats (default "+string(in.Transport)+")",
+		func(v string) error { in.Transport = ingest.Transport(v); return nil })
+	fs.Var(&workerFlag{list: &in.Workers, replaceOld: replaceWorkers}, "worker",
+		"a worker, repeatable: `id=w1,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,model=M,block-size=16,dp-size=2` (also topic, http, role, label.<k>)")
+	fs.StringVar(&in.WorkersFile, "workers-file", in.WorkersFile, "YAML `file` of workers (workers: [{id, model, endpoint, replay, block-size, dp-size, topic}]), re-read when it changes")
+	fs.StringVar(&in.ZMQBind, "zmq-bind", in.ZMQBind, "bind a SUB socket engines connect to, e.g. tcp://*:5557; the worker and model come from the topic kv@<pod>@<model>")
+	fs.StringVar(&in.NATSURL, "nats-url", in.NATSURL, "NATS server `url` (with --kv-event-transport nats)")
+	fs.StringVar(&in.NATSSubjectPrefix, "nats-subject-prefix", in.NATSSubjectPrefix, "NATS subjects are <prefix>.<worker>.<dp_rank>")
+	fs.IntVar(&in.DefaultBlockSize, "block-size", in.DefaultBlockSize, "tokens per KV block of workers that do not say; events with another block_size are refused (0: take each event's)")
+	fs.IntVar(&in.MaxFrameBytes, "max-frame-bytes", in.MaxFrameBytes, "largest event batch accepted, in `bytes`; larger ones are counted and dropped")
+	fs.DurationVar(&in.ReplayTimeout, "replay-timeout", in.ReplayTimeout, "how long a replay from an engine may go without a reply")
+	fs.DurationVar(&in.IdleReplayInterval, "idle-replay-interval", in.IdleReplayInterval, "ask an engine that has been silent this long for batches we may have missed (0 disables)")
+}
+
+// ParseFlags builds a Config from defaults, the --config file (or KVINDEX_CONFIG),
+// KVINDEX_* variables (looked up with lookup, os.LookupEnv when nil) and args, in
+// increasing precedence, and validates it. --help prints every flag to out and
+// returns flag.ErrHelp.
+func ParseFlags(args []string, out io.Writer, lookup func(string) (string, bool)) (Config, error) {
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
+	cfg := DefaultConfig()
+	if path := configPath(args, lookup); path != "" {
+		if err := applyConfigFile(&cfg, path); err != nil {
+			return Config{}, err
+		}
+	}
+	fs := flag.NewFlagSet("indexer", flag.ContinueOnError)
+	fs.SetOutput(out)
+	registerFlags(fs, &cfg, true)
+	fs.Usage = envflag.Usage(fs, EnvPrefix, "usage: indexer [flags]\n       indexer relay [flags]   (forward one engine's ZMQ events to NATS; relay --help)\n\nThe kvindex index server: follows engines' KV cache events and answers prefix queries.")
+	if err := envflag.Parse(fs, EnvPrefix, args, lookup); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, invalid("unexpected argument %q", fs.Arg(0))
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// configPath finds --config on the command line (before "--"), else KVINDEX_CONFIG.
+func configPath(args []string, lookup func(string) (string, bool)) string {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "config" {
+			continue
+		}
+		if hasValue {
+			return value
+		}
+		if i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	v, _ := lookup(envflag.EnvName(EnvPrefix, "config"))
+	return v
+}
+
+// applyConfigFile sets cfg from a YAML map of flag names to values.
+func applyConfigFile(cfg *Config, path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return invalid("--config: %v", err)
+	}
+	var values map[string]any
+	if err := yaml.Unmarshal(data, &values); err != nil {
+		return invalid("--config %s: %v", path, err)
+	}
+	fs := flag.NewFlagSet("config", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	registerFlags(fs, cfg, false)
+	keys := make([]string, 0, len(values))
+	for k := range values {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if k == "config" || fs.Lookup(k) == nil {
+			return invalid("--config %s: unknown key %q (keys are flag names)", path, k)
+		}
+		items := []any{values[k]}
+		if list, isList := values[k].([]any); isList {
+			if k != "worker" {
+				return invalid("--config %s: %s takes one value, not a list", path, k)
+			}
+			items = list
+		}
+		for _, item := range items {
+			switch item.(type) {
+			case map[string]any, []any, nil:
+				return invalid("--config %s: %s: want a scalar value", path, k)
+			}
+			if err := fs.Set(k, fmt.Sprint(item)); err != nil {
+				return invalid("--config %s: %s: %v", path, k, err)
+			}
+		}
+	}
+	return nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, invalid("--log-level=%q must be debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+// NewLogger returns the logger a validated level and format ask for, writing to w.
+func NewLogger(level, format string, w io.Writer) *slog.Logger {
+	l, _ := parseLevel(level)
+	opts := &slog.HandlerOptions{Level: l}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// shutdownTimeout bounds the graceful stop of the HTTP server.
+const shutdownTimeout = 5 * time.Second

@@ -1,0 +1,119 @@
+package server
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/internal/ingest"
+)
+
+func env(vars map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := vars[k]
+		return v, ok
+	}
+}
+
+func TestDefaultsAreValidAndDocumented(t *testing.T) {
+	cfg, err := ParseFlags(nil, &bytes.Buffer{}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.GRPCAddr != "127.0.0.1:7070" || cfg.HTTPAddr != "127.0.0.1:7080" || cfg.Ingest.Transport != ingest.TransportZMQ ||
+		cfg.Ingest.NATSSubjectPrefix != "kv.events" || cfg.Ingest.DefaultBlockSize != 16 {
+		t.Errorf("defaults = %+v", cfg)
+	}
+	var help bytes.Buffer
+	if _, err := ParseFlags([]string{"--help"}, &help, env(nil)); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("--help = %v", err)
+	}
+	for _, name := range []string{"node-id", "data-dir", "grpc-addr", "http-addr", "zmq-bind", "worker", "workers-file",
+		"kv-event-transport", "nats-url", "nats-subject-prefix", "block-size", "max-body-bytes", "config"} {
+		if !strings.Contains(help.String(), "--"+name+" ") {
+			t.Errorf("--help does not document --%s", name)
+		}
+		if !strings.Contains(help.String(), "$KVINDEX_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))) {
+			t.Errorf("--help does not name the variable of --%s", name)
+		}
+	}
+}
+
+// Flags beat KVINDEX_* variables, which beat the --config file, which beats the
+// defaults; a --worker on the command line replaces the file's workers.
+func TestConfigPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "indexer.yaml")
+	file := `node-id: from-file
+http-addr: 127.0.0.1:9001
+grpc-addr: 127.0.0.1:9002
+block-size: 32
+replay-timeout: 3s
+worker:
+  - id=f1,model=M,endpoint=tcp://10.0.0.1:5557
+  - id=f2,model=M
+`
+	if err := os.WriteFile(path, []byte(file), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseFlags([]string{"--config", path, "--http-addr=127.0.0.1:9100"}, &bytes.Buffer{},
+		env(map[string]string{"KVINDEX_HTTP_ADDR": "127.0.0.1:9200", "KVINDEX_GRPC_ADDR": "127.0.0.1:9300"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NodeID != "from-file" || cfg.HTTPAddr != "127.0.0.1:9100" || cfg.GRPCAddr != "127.0.0.1:9300" ||
+		cfg.Ingest.DefaultBlockSize != 32 || cfg.Ingest.ReplayTimeout != 3*time.Second || len(cfg.Ingest.Workers) != 2 {
+		t.Errorf("precedence wrong: %+v", cfg)
+	}
+	cfg, err = ParseFlags([]string{"--worker", "id=cli,model=M"}, &bytes.Buffer{}, env(map[string]string{"KVINDEX_CONFIG": path}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Ingest.Workers) != 1 || cfg.Ingest.Workers[0].ID != "cli" || cfg.NodeID != "from-file" {
+		t.Errorf("--worker should replace the file's workers: %+v", cfg.Ingest.Workers)
+	}
+	cfg, err = ParseFlags([]string{"--worker", "id=a,model=M", "--worker", "id=b,model=M"}, &bytes.Buffer{}, env(nil))
+	if err != nil || len(cfg.Ingest.Workers) != 2 {
+		t.Errorf("repeated --worker = %+v, %v", cfg.Ingest.Workers, err)
+	}
+}
+
+func TestBadConfigNamesTheFlag(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--http-addr", "nocolon"}, nil, "--http-addr=\"nocolon\""},
+		{[]string{"--kv-event-transport", "kafka"}, nil, "--kv-event-transport=\"kafka\""},
+		{[]string{"--kv-event-transport", "nats"}, nil, "needs --nats-url"},
+		{[]string{"--worker", "id=w1"}, nil, "model must not be empty"},
+		{[]string{"--log-level", "loud"}, nil, "--log-level=\"loud\""},
+		{[]string{"--max-body-bytes", "10"}, nil, "--max-body-bytes=10"},
+		{[]string{"--ingest-queue", "0"}, nil, "--ingest-queue=0"},
+		{[]string{"stray"}, nil, "unexpected argument"},
+		{nil, map[string]string{"KVINDEX_BLOCK_SIZE": "many"}, "KVINDEX_BLOCK_SIZE"},
+		{[]string{"--config", write("unknown.yaml", "colour: red\n")}, nil, `unknown key "colour"`},
+		{[]string{"--config", write("list.yaml", "node-id: [a, b]\n")}, nil, "node-id takes one value"},
+		{[]string{"--config", write("nested.yaml", "worker:\n  - {id: w}\n")}, nil, "want a scalar"},
+		{[]string{"--config", filepath.Join(dir, "missing.yaml")}, nil, "--config"},
+	} {
+		_, err := ParseFlags(c.args, &bytes.Buffer{}, env(c.env))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParseFlags(%q, %v) = %v, want an error mentioning %q", c.args, c.env, err, c.want)
+		}
+	}
+}
