@@ -22,6 +22,15 @@ type WorkerRemover interface {
 	RemoveWorker(ctx context.Context, worker string) error
 }
 
+// BatchApplier is what a LocalSink applies batches to: an *Applier, or something
+// wrapping one. Its methods are called from the sink's apply goroutine only.
+type BatchApplier interface {
+	Apply(StreamBatch) ApplyResult
+	RemoveWorker(worker string)
+}
+
+var _ BatchApplier = (*Applier)(nil)
+
 // DefaultQueueCapacity is the LocalSink queue length NewLocalSink uses when given 0.
 const DefaultQueueCapacity = 4096
 
@@ -32,7 +41,7 @@ const DefaultQueueCapacity = 4096
 //
 // Submit, RemoveWorker and Flush are safe for concurrent use; Run is called once.
 type LocalSink struct {
-	applier *Applier
+	applier BatchApplier
 	log     *slog.Logger
 	queue   chan sinkItem
 	stopped chan struct{}
@@ -60,7 +69,7 @@ var (
 
 // NewLocalSink returns a sink applying to a, with a queue of capacity batches
 // (DefaultQueueCapacity when 0), registering its metrics on reg (none when nil).
-func NewLocalSink(a *Applier, capacity int, logger *slog.Logger, reg prometheus.Registerer) (*LocalSink, error) {
+func NewLocalSink(a BatchApplier, capacity int, logger *slog.Logger, reg prometheus.Registerer) (*LocalSink, error) {
 	if capacity <= 0 {
 		capacity = DefaultQueueCapacity
 	}
