@@ -1,0 +1,252 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+
+	"github.com/kvindex/kvindex/bench/fakeengine"
+)
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func startEngine(t *testing.T) *fakeengine.Engine {
+	t.Helper()
+	c := fakeengine.DefaultConfig()
+	c.Port = 0
+	c.KVEventsEndpoint = "tcp://127.0.0.1:*"
+	c.KVEventsReplayEndpoint = "tcp://127.0.0.1:*"
+	c.TimeScale = 0
+	c.BlockSize = 4
+	c.NumGPUBlocks = 32
+	e, err := fakeengine.New(c, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// startIndexer runs the binary's run() with args and returns its HTTP base URL,
+// read from its JSON startup log line.
+func startIndexer(t *testing.T, args ...string) string {
+	t.Helper()
+	logs := &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"--http-addr=127.0.0.1:0", "--log-format=json"}, args...), io.Discard, logs)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("indexer: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("indexer did not stop")
+		}
+	})
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		sc := bufio.NewScanner(strings.NewReader(logs.String()))
+		for sc.Scan() {
+			var line struct {
+				Msg  string `json:"msg"`
+				HTTP string `json:"http"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "indexer started" {
+				return "http://" + line.HTTP
+			}
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("indexer exited: %v\n%s", err, logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no startup line in the logs:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// generate sends requests with prompts not sent before (each stores new blocks,
+// so each publishes events) and returns the engine's last seq.
+func generate(t *testing.T, e *fakeengine.Engine, requests int) int64 {
+	t.Helper()
+	for range requests {
+		n := prompts.Add(1)
+		prompt := make([]uint32, 9+n%5)
+		for j := range prompt {
+			prompt[j] = uint32((int(n)*31 + j*7) % 256)
+		}
+		if _, err := e.Generate(context.Background(), fakeengine.Request{Prompt: prompt, MaxTokens: 2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return e.CacheTruth().Ranks[0].LastSeq
+}
+
+var prompts atomic.Int64
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s = %d %s %v", url, resp.StatusCode, body, err)
+	}
+	return string(body)
+}
+
+// waitForSeq polls GET /workers until worker's rank 0 reports last_seq.
+func waitForSeq(t *testing.T, base, worker string, last int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var resp struct {
+			Workers []struct {
+				Spec struct {
+					ID string `json:"id"`
+				} `json:"spec"`
+				DpRanks []struct {
+					LastSeq string `json:"last_seq"`
+				} `json:"dp_ranks"`
+			} `json:"workers"`
+		}
+		body := httpGet(t, base+"/workers")
+		if err := json.Unmarshal([]byte(body), &resp); err != nil {
+			t.Fatalf("GET /workers: %v in %s", err, body)
+		}
+		for _, w := range resp.Workers {
+			if w.Spec.ID == worker && len(w.DpRanks) > 0 && w.DpRanks[0].LastSeq == strconv.FormatInt(last, 10) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET /workers never showed %s at seq %d: %s", worker, last, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestIndexerFollowsAWorkerGivenByFlag(t *testing.T) {
+	e := startEngine(t)
+	base := startIndexer(t, "--block-size=4", "--idle-replay-interval=50ms",
+		"--worker", "id=e1,model="+e.Config().Model+",endpoint="+e.EventEndpoints()[0]+",replay="+e.ReplayEndpoints()[0])
+	last := generate(t, e, 10)
+	waitForSeq(t, base, "e1", last)
+	metrics := httpGet(t, base+"/metrics")
+	for _, want := range []string{
+		`kvindex_ingest_events_total{type="BlockStored",worker="e1"}`,
+		`kvindex_ingest_last_seq{dp_rank="0",worker="e1"} ` + strconv.FormatInt(last, 10),
+		`kvindex_ingest_workers{source="flag"} 1`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if got := httpGet(t, base+"/readyz"); got != "ready\n" {
+		t.Errorf("/readyz = %q", got)
+	}
+}
+
+func TestRelaySubcommandFeedsAnIndexerOverNATS(t *testing.T) {
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	t.Cleanup(ns.Shutdown)
+	e := startEngine(t)
+	base := startIndexer(t, "--kv-event-transport=nats", "--nats-url="+ns.ClientURL(), "--nats-subject-prefix=infera.kv.events",
+		"--block-size=4", "--idle-replay-interval=50ms")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	relayDone := make(chan error, 1)
+	go func() {
+		relayDone <- run(ctx, []string{"relay", "--from", e.EventEndpoints()[0], "--replay", e.ReplayEndpoints()[0],
+			"--worker", "w1", "--nats-url", ns.ClientURL(), "--nats-subject-prefix", "infera.kv.events", "--log-format", "json"}, io.Discard, io.Discard)
+	}()
+	defer func() {
+		cancel()
+		if err := <-relayDone; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	}()
+	// The relay's subscription goes live some time after it starts: the indexer
+	// learns of w1 from its first relayed batch, then replays what came before
+	// from the engine (Kv-Replay).
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(httpGet(t, base+"/workers"), `"w1"`) {
+		if time.Now().After(deadline) {
+			t.Fatal("w1 never appeared")
+		}
+		generate(t, e, 1)
+	}
+	last := generate(t, e, 10)
+	waitForSeq(t, base, "w1", last)
+	metrics := httpGet(t, base+"/metrics")
+	if !strings.Contains(metrics, `kvindex_ingest_workers{source="discovered"} 1`) {
+		t.Error("w1 is not counted as discovered")
+	}
+}
+
+func TestHelpDocumentsBothCommands(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"relay", "--help"}} {
+		var out syncBuffer
+		if err := run(context.Background(), args, io.Discard, &out); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+		for _, want := range []string{"--nats-url", "KVINDEX_"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%v output lacks %q:\n%s", args, want, out.String())
+			}
+		}
+	}
+	if err := run(context.Background(), []string{"--worker", "id=x"}, io.Discard, io.Discard); err == nil {
+		t.Error("an invalid --worker was accepted")
+	}
+}
