@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/hashicorp/raft"
 )
@@ -152,6 +153,18 @@ func (n *Node) Leave(ctx context.Context, id string) (uint64, error) {
 	if id == n.cfg.NodeID {
 		if err := n.await(ctx, n.raft.LeadershipTransfer()); err != nil {
 			return 0, fmt.Errorf("raftstore: handing leadership over before leaving: %w", err)
+		}
+		// Name the new leader in the error when it shows up soon, so the caller
+		// can forward the request at once.
+		for deadline := time.Now().Add(2 * n.cfg.ElectionTimeout); time.Now().Before(deadline); {
+			if lid, _ := n.Leader(); lid != "" && lid != n.cfg.NodeID {
+				break
+			}
+			select {
+			case <-time.After(10 * time.Millisecond):
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
 		}
 		return 0, n.notLeader(fmt.Errorf("leadership handed over so that %s can be removed", id))
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
 )
 
@@ -86,7 +87,7 @@ type Config struct {
 	// OnWorkersChanged is called with the whole registry, sorted by id, each time
 	// it changes (register, unregister, snapshot restore), on every node, from the
 	// apply goroutine: it must be quick and must not call back into the Node.
-	OnWorkersChanged func([]Worker)
+	OnWorkersChanged func([]ingest.WorkerSpec)
 	// OnBatch, when set, is told about every committed stream batch (see
 	// BatchObserver).
 	OnBatch BatchObserver

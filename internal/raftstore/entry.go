@@ -24,9 +24,9 @@ import (
 //	                   hash count, hashes u64..., key count, keys u64...
 //	        OpRemoved: tier byte, hash count, hashes u64...
 //	        OpCleared: nothing
-//	  EntryRegisterWorker: id, model, block size, dp size, events endpoint, events
-//	      topic, replay endpoint, HTTP endpoint, role, label count, (key, value)...
-//	      with keys ascending
+//	  EntryRegisterWorker: an ingest.WorkerSpec: id, model, block size, dp size,
+//	      events endpoint, topic, replay endpoint, HTTP endpoint, role, label count,
+//	      (key, value)... with keys ascending
 //	  EntryUnregisterWorker, EntryMemberRemoved: id
 //	  EntryMemberAddr: id, gRPC address
 //
@@ -89,7 +89,7 @@ type Entry struct {
 	// Ignorable marks an entry that an older version not knowing Type may skip.
 	Ignorable bool
 	Batches   []ingest.StreamBatch // EntryStreamBatches
-	Worker    Worker               // EntryRegisterWorker
+	Worker    ingest.WorkerSpec    // EntryRegisterWorker
 	ID        string               // EntryUnregisterWorker, EntryMemberAddr, EntryMemberRemoved
 	GRPCAddr  string               // EntryMemberAddr
 }
@@ -107,8 +107,10 @@ func EncodeEntry(dst []byte, e *Entry) ([]byte, error) {
 		}
 		return be.finish(dst), nil
 	case EntryRegisterWorker:
-		dst = appendHeader(dst, e.Type)
-		return appendWorker(dst, &e.Worker), nil
+		if err := checkWorker(&e.Worker); err != nil {
+			return dst, err
+		}
+		return appendWorker(appendHeader(dst, e.Type), &e.Worker), nil
 	case EntryUnregisterWorker, EntryMemberRemoved:
 		return appendString(appendHeader(dst, e.Type), e.ID), nil
 	case EntryMemberAddr:
@@ -124,15 +126,16 @@ func appendString(dst []byte, s string) []byte {
 	return append(binary.AppendUvarint(dst, uint64(len(s))), s...)
 }
 
-func appendWorker(dst []byte, w *Worker) []byte {
+// appendWorker encodes w, which checkWorker accepted.
+func appendWorker(dst []byte, w *ingest.WorkerSpec) []byte {
 	dst = appendString(dst, w.ID)
 	dst = appendString(dst, w.Model)
 	dst = binary.AppendUvarint(dst, uint64(w.BlockSize))
 	dst = binary.AppendUvarint(dst, uint64(w.DPSize))
-	dst = appendString(dst, w.EventsEndpoint)
-	dst = appendString(dst, w.EventsTopic)
-	dst = appendString(dst, w.ReplayEndpoint)
-	dst = appendString(dst, w.HTTPEndpoint)
+	dst = appendString(dst, w.Endpoint)
+	dst = appendString(dst, w.Topic)
+	dst = appendString(dst, w.Replay)
+	dst = appendString(dst, w.HTTP)
 	dst = appendString(dst, w.Role)
 	dst = binary.AppendUvarint(dst, uint64(len(w.Labels)))
 	for _, k := range slices.Sorted(maps.Keys(w.Labels)) {
@@ -460,17 +463,17 @@ func (d *entryDecoder) ops() []ingest.Op {
 	return ops
 }
 
-func (d *entryDecoder) worker() Worker {
-	w := Worker{
-		ID:             d.name("worker id"),
-		Model:          d.str("model"),
-		BlockSize:      d.uint32("block size"),
-		DPSize:         d.uint32("dp size"),
-		EventsEndpoint: d.str("events endpoint"),
-		EventsTopic:    d.str("events topic"),
-		ReplayEndpoint: d.str("replay endpoint"),
-		HTTPEndpoint:   d.str("HTTP endpoint"),
-		Role:           d.str("role"),
+func (d *entryDecoder) worker() ingest.WorkerSpec {
+	w := ingest.WorkerSpec{
+		ID:        d.name("worker id"),
+		Model:     d.str("model"),
+		BlockSize: int(d.uint32("block size")),
+		DPSize:    int(d.uint32("dp size")),
+		Endpoint:  d.str("events endpoint"),
+		Topic:     d.str("events topic"),
+		Replay:    d.str("replay endpoint"),
+		HTTP:      d.str("HTTP endpoint"),
+		Role:      d.str("role"),
 	}
 	n := d.count(2, "label count")
 	if n > 0 {

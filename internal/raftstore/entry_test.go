@@ -37,11 +37,11 @@ func sampleBatches() []ingest.StreamBatch {
 	}
 }
 
-func sampleWorker() Worker {
-	return Worker{
+func sampleWorker() ingest.WorkerSpec {
+	return ingest.WorkerSpec{
 		ID: "vllm-0", Model: "meta-llama/Llama-3.1-8B", BlockSize: 16, DPSize: 2,
-		EventsEndpoint: "tcp://10.0.0.7:5557", EventsTopic: "kv@vllm-0", ReplayEndpoint: "tcp://10.0.0.7:5558",
-		HTTPEndpoint: "http://10.0.0.7:8000", Role: "prefill", Labels: map[string]string{"zone": "a", "pool": "h100"},
+		Endpoint: "tcp://10.0.0.7:5557", Topic: "kv@vllm-0", Replay: "tcp://10.0.0.7:5558",
+		HTTP: "http://10.0.0.7:8000", Role: "prefill", Labels: map[string]string{"zone": "a", "pool": "h100"},
 	}
 }
 
@@ -53,7 +53,7 @@ func TestEntryRoundTrip(t *testing.T) {
 		{"batches", Entry{Type: EntryStreamBatches, Batches: sampleBatches()}},
 		{"no batches", Entry{Type: EntryStreamBatches, Batches: []ingest.StreamBatch{}}},
 		{"register", Entry{Type: EntryRegisterWorker, Worker: sampleWorker()}},
-		{"register without labels", Entry{Type: EntryRegisterWorker, Worker: Worker{ID: "w", Model: "m", BlockSize: 32}}},
+		{"register without labels", Entry{Type: EntryRegisterWorker, Worker: ingest.WorkerSpec{ID: "w", Model: "m", BlockSize: 32}}},
 		{"unregister", Entry{Type: EntryUnregisterWorker, ID: "vllm-0"}},
 		{"member address", Entry{Type: EntryMemberAddr, ID: "node-2", GRPCAddr: "10.0.0.2:7070"}},
 		{"member removed", Entry{Type: EntryMemberRemoved, ID: "node-2"}},
@@ -194,6 +194,11 @@ func TestEncodeEntryRejectsWhatTheLogCannotCarry(t *testing.T) {
 				t.Errorf("error %v, want ErrInvalidBatch", err)
 			}
 		})
+	}
+	for _, w := range []ingest.WorkerSpec{{ID: ""}, {ID: "w", BlockSize: -1}, {ID: "w", Labels: map[string]string{"k": strings.Repeat("v", maxStringLen+1)}}} {
+		if _, err := EncodeEntry(nil, &Entry{Type: EntryRegisterWorker, Worker: w}); !errors.Is(err, ErrInvalidWorker) {
+			t.Errorf("register %+.60v: error %v, want ErrInvalidWorker", w, err)
+		}
 	}
 	if _, err := EncodeEntry(nil, &Entry{Type: 0x55}); !errors.Is(err, ErrUnknownEntryType) {
 		t.Errorf("unknown type: error %v, want ErrUnknownEntryType", err)

@@ -60,8 +60,8 @@ type BatchObserver func(index uint64, b *ingest.StreamBatch, outcome BatchOutcom
 type ApplyResult struct {
 	Applied, Duplicates, OfRemovedWorkers int // stream batches by outcome
 	OpErrors                              int // ops the index refused (see ingest.ApplyResult)
-	// Err is the outcome of a registry entry (ErrWorkerExists, ErrUnknownWorker,
-	// ErrInvalidWorker), or ErrFSMStopped.
+	// Err is the outcome of a registry entry (ErrWorkerExists, ErrUnknownWorker),
+	// or ErrFSMStopped.
 	Err error
 }
 
@@ -72,12 +72,12 @@ type ApplyResult struct {
 type fsm struct {
 	applier   *ingest.Applier
 	log       *slog.Logger
-	onWorkers func([]Worker)
+	onWorkers func([]ingest.WorkerSpec)
 	onBatch   BatchObserver
 	metrics   *metrics
 
 	mu      sync.RWMutex
-	workers map[string]Worker // guarded by mu
+	workers map[string]ingest.WorkerSpec // guarded by mu
 	// tombstones holds the ids of unregistered workers with the log index of their
 	// removal. Batches of such a worker still in the pipeline when it was removed are
 	// committed after the removal and would bring its blocks back; they are dropped
@@ -92,10 +92,10 @@ type fsm struct {
 
 var _ raft.FSM = (*fsm)(nil)
 
-func newFSM(applier *ingest.Applier, log *slog.Logger, m *metrics, onWorkers func([]Worker), onBatch BatchObserver) *fsm {
+func newFSM(applier *ingest.Applier, log *slog.Logger, m *metrics, onWorkers func([]ingest.WorkerSpec), onBatch BatchObserver) *fsm {
 	return &fsm{
 		applier: applier, log: log, metrics: m, onWorkers: onWorkers, onBatch: onBatch,
-		workers: map[string]Worker{}, tombstones: map[string]uint64{}, members: map[string]string{},
+		workers: map[string]ingest.WorkerSpec{}, tombstones: map[string]uint64{}, members: map[string]string{},
 		stopped: make(chan struct{}),
 	}
 }
@@ -170,14 +170,12 @@ func (f *fsm) applyBatches(index uint64, batches []ingest.StreamBatch) ApplyResu
 	return res
 }
 
-func (f *fsm) register(w Worker) error {
-	if err := w.Validate(); err != nil {
-		return err
-	}
+// register adds w; the entry decoder has already checked what checkWorker checks.
+func (f *fsm) register(w ingest.WorkerSpec) error {
 	f.mu.Lock()
 	old, exists := f.workers[w.ID]
 	switch {
-	case exists && old.Equal(&w):
+	case exists && sameWorker(&old, &w):
 		f.mu.Unlock()
 		return nil
 	case exists:
@@ -216,35 +214,35 @@ func (f *fsm) unregister(id string, index uint64) error {
 	return nil
 }
 
-func (f *fsm) notifyWorkers(list []Worker) {
+func (f *fsm) notifyWorkers(list []ingest.WorkerSpec) {
 	if f.onWorkers != nil {
 		f.onWorkers(list)
 	}
 }
 
 // workerListLocked returns the registry sorted by id, as copies.
-func (f *fsm) workerListLocked() []Worker {
-	out := make([]Worker, 0, len(f.workers))
+func (f *fsm) workerListLocked() []ingest.WorkerSpec {
+	out := make([]ingest.WorkerSpec, 0, len(f.workers))
 	for _, w := range f.workers {
-		out = append(out, w.clone())
+		out = append(out, cloneWorker(w))
 	}
-	slices.SortFunc(out, func(a, b Worker) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b ingest.WorkerSpec) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 
 // Workers returns the registry sorted by id.
-func (f *fsm) Workers() []Worker {
+func (f *fsm) Workers() []ingest.WorkerSpec {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.workerListLocked()
 }
 
 // Worker returns the registered worker id.
-func (f *fsm) Worker(id string) (Worker, bool) {
+func (f *fsm) Worker(id string) (ingest.WorkerSpec, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	w, ok := f.workers[id]
-	return w.clone(), ok
+	return cloneWorker(w), ok
 }
 
 // memberAddrs returns a copy of the members' gRPC addresses.

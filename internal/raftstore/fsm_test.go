@@ -15,7 +15,7 @@ import (
 	"github.com/kvindex/kvindex/internal/radix"
 )
 
-func newTestFSM(t testing.TB, onWorkers func([]Worker)) *fsm {
+func newTestFSM(t testing.TB, onWorkers func([]ingest.WorkerSpec)) *fsm {
 	t.Helper()
 	return newFSM(ingest.NewApplier(radix.New(radix.Config{})), slog.New(slog.DiscardHandler), newMetrics(), onWorkers, nil)
 }
@@ -145,10 +145,10 @@ func TestFSMStopsOnEntryItCannotApply(t *testing.T) {
 }
 
 func TestFSMRegistry(t *testing.T) {
-	var seen [][]Worker
-	f := newTestFSM(t, func(w []Worker) { seen = append(seen, w) })
+	var seen [][]ingest.WorkerSpec
+	f := newTestFSM(t, func(w []ingest.WorkerSpec) { seen = append(seen, w) })
 	w := sampleWorker()
-	other := Worker{ID: "aaa", Model: "m", BlockSize: 16}
+	other := ingest.WorkerSpec{ID: "aaa", Model: "m", BlockSize: 16}
 	steps := []struct {
 		name    string
 		entry   Entry
@@ -158,8 +158,7 @@ func TestFSMRegistry(t *testing.T) {
 		{"register", Entry{Type: EntryRegisterWorker, Worker: w}, nil, []string{"vllm-0"}},
 		{"register another", Entry{Type: EntryRegisterWorker, Worker: other}, nil, []string{"aaa", "vllm-0"}},
 		{"register again, same spec", Entry{Type: EntryRegisterWorker, Worker: w}, nil, []string{"aaa", "vllm-0"}},
-		{"register again, other spec", Entry{Type: EntryRegisterWorker, Worker: Worker{ID: "vllm-0", Model: "x", BlockSize: 16}}, ErrWorkerExists, []string{"aaa", "vllm-0"}},
-		{"register invalid", Entry{Type: EntryRegisterWorker, Worker: Worker{ID: "z", Model: "m"}}, ErrInvalidWorker, []string{"aaa", "vllm-0"}},
+		{"register again, other spec", Entry{Type: EntryRegisterWorker, Worker: ingest.WorkerSpec{ID: "vllm-0", Model: "x", BlockSize: 16}}, ErrWorkerExists, []string{"aaa", "vllm-0"}},
 		{"unregister unknown", Entry{Type: EntryUnregisterWorker, ID: "nope"}, ErrUnknownWorker, []string{"aaa", "vllm-0"}},
 		{"unregister", Entry{Type: EntryUnregisterWorker, ID: "vllm-0"}, nil, []string{"aaa"}},
 	}
@@ -179,7 +178,7 @@ func TestFSMRegistry(t *testing.T) {
 	if len(seen) != 3 {
 		t.Errorf("OnWorkersChanged called %d times, want 3 (two registrations, one removal)", len(seen))
 	}
-	if got, ok := f.Worker("aaa"); !ok || !got.Equal(&other) {
+	if got, ok := f.Worker("aaa"); !ok || !sameWorker(&got, &other) {
 		t.Errorf("Worker(aaa) = %+v, %v", got, ok)
 	}
 }
@@ -221,7 +220,7 @@ func TestFSMForgetsOldestTombstone(t *testing.T) {
 	f := newTestFSM(t, nil)
 	index := uint64(0)
 	for i := range maxTombstones + 1 {
-		w := Worker{ID: fmt.Sprintf("w%05d", i), Model: "m", BlockSize: 1}
+		w := ingest.WorkerSpec{ID: fmt.Sprintf("w%05d", i), Model: "m", BlockSize: 1}
 		index++
 		applyEntry(t, f, index, Entry{Type: EntryRegisterWorker, Worker: w})
 		index++
@@ -270,7 +269,7 @@ func snapshotBytes(t testing.TB, f *fsm) []byte {
 func populatedFSM(t testing.TB) (*fsm, []ingest.StreamBatch) {
 	f := newTestFSM(t, nil)
 	applyEntry(t, f, 1, Entry{Type: EntryRegisterWorker, Worker: sampleWorker()})
-	applyEntry(t, f, 2, Entry{Type: EntryRegisterWorker, Worker: Worker{ID: "gone", Model: "m", BlockSize: 8}})
+	applyEntry(t, f, 2, Entry{Type: EntryRegisterWorker, Worker: ingest.WorkerSpec{ID: "gone", Model: "m", BlockSize: 8}})
 	applyEntry(t, f, 3, Entry{Type: EntryUnregisterWorker, ID: "gone"})
 	applyEntry(t, f, 4, Entry{Type: EntryMemberAddr, ID: "node-1", GRPCAddr: "10.0.0.1:7070"})
 	streams := testStreams(6)
@@ -283,8 +282,8 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	src, next := populatedFSM(t)
 	data := snapshotBytes(t, src)
 
-	var notified []Worker
-	dst := newTestFSM(t, func(w []Worker) { notified = w })
+	var notified []ingest.WorkerSpec
+	dst := newTestFSM(t, func(w []ingest.WorkerSpec) { notified = w })
 	applyEntry(t, dst, 1, batchesEntry(ingest.StreamBatch{Stream: ws("stale", 0), Seq: 5, Ops: []ingest.Op{
 		{Kind: ingest.OpStored, Hashes: []uint64{1}, Keys: []uint64{1}},
 	}})) // state the restore must discard

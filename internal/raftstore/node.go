@@ -72,9 +72,14 @@ type Node struct {
 	sess        *session      // open session, nil when not leading; guarded by sessMu
 	sessChanged chan struct{} // closed and replaced when sess changes; guarded by sessMu
 
-	closing   chan struct{} // closed when shutdown starts
-	loopDone  chan struct{} // closed when leaderLoop has returned
-	stopped   chan struct{} // closed when shutdown is complete
+	closing     chan struct{} // closed when shutdown starts
+	raftStopped chan struct{} // closed when raft has shut down
+	loopDone    chan struct{} // closed when leaderLoop has returned
+	stopped     chan struct{} // closed when shutdown is complete
+	// ctx ends when shutdown starts; the node's own waits on raft futures use it,
+	// because raft leaves some futures unanswered when it shuts down.
+	ctx    context.Context
+	cancel context.CancelFunc
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -97,8 +102,10 @@ func NewNode(cfg Config) (_ *Node, err error) {
 	log = log.With("node", cfg.NodeID)
 	n := &Node{
 		cfg: cfg, log: log, metrics: newMetrics(),
-		sessChanged: make(chan struct{}), closing: make(chan struct{}), loopDone: make(chan struct{}), stopped: make(chan struct{}),
+		sessChanged: make(chan struct{}), closing: make(chan struct{}), raftStopped: make(chan struct{}), loopDone: make(chan struct{}),
+		stopped: make(chan struct{}),
 	}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if cfg.Registerer != nil {
 		if err := n.metrics.register(cfg.Registerer); err != nil {
 			return nil, err
@@ -196,7 +203,7 @@ func (n *Node) leaderLoop() {
 		}
 		term := n.raft.CurrentTerm()
 		start := time.Now()
-		if err := n.raft.Barrier(0).Error(); err != nil {
+		if err := n.await(n.ctx, n.raft.Barrier(0)); err != nil {
 			n.log.Warn("leader barrier failed", "term", term, "err", err)
 			select {
 			case <-tick.C:
@@ -286,6 +293,21 @@ func (n *Node) Submit(ctx context.Context, b ingest.StreamBatch) error {
 }
 
 var _ ingest.Sink = (*Node)(nil)
+
+// Flush waits until every batch submitted before the call (in ctx's session, or
+// the current one) is applied on this node, proposing the entry being filled at
+// once. Submit returns before its batch is even proposed, so a registry change
+// or a read that must follow some batches waits for Flush first. Errors as Submit.
+func (n *Node) Flush(ctx context.Context) error {
+	s := sessionOf(ctx)
+	if s == nil {
+		s, _ = n.session()
+	}
+	if s == nil || s.n != n {
+		return n.notLeader(nil)
+	}
+	return s.flush(ctx)
+}
 
 // restartPause is how long RunWhileLeader waits before running fn again when fn
 // returned although leadership went on.
@@ -446,10 +468,14 @@ func (n *Node) proposeEntry(ctx context.Context, e *Entry) (ApplyResult, uint64,
 }
 
 // RegisterWorker adds w to the replicated registry (leader only) and returns the
-// log index at which it was applied. Registering an id again with an equal spec
-// succeeds; with another spec it fails with ErrWorkerExists.
-func (n *Node) RegisterWorker(ctx context.Context, w Worker) (uint64, error) {
+// log index at which it was applied. w must pass ingest's WorkerSpec.Validate.
+// Registering an id again with an equal spec succeeds; with another spec it fails
+// with ErrWorkerExists.
+func (n *Node) RegisterWorker(ctx context.Context, w ingest.WorkerSpec) (uint64, error) {
 	if err := w.Validate(); err != nil {
+		return 0, err
+	}
+	if err := checkWorker(&w); err != nil {
 		return 0, err
 	}
 	_, index, err := n.proposeEntry(ctx, &Entry{Type: EntryRegisterWorker, Worker: w})
@@ -465,10 +491,10 @@ func (n *Node) UnregisterWorker(ctx context.Context, id string) (uint64, error) 
 }
 
 // Workers returns the registry, sorted by id.
-func (n *Node) Workers() []Worker { return n.fsm.Workers() }
+func (n *Node) Workers() []ingest.WorkerSpec { return n.fsm.Workers() }
 
 // Worker returns the registered worker id.
-func (n *Node) Worker(id string) (Worker, bool) { return n.fsm.Worker(id) }
+func (n *Node) Worker(id string) (ingest.WorkerSpec, bool) { return n.fsm.Worker(id) }
 
 // Snapshot takes a raft snapshot of this node now (compacting its log) and
 // returns the log index it covers and its size in bytes. With nothing new since
@@ -525,11 +551,13 @@ func (n *Node) otherVoters() bool {
 func (n *Node) stop(abrupt bool) error {
 	n.closeOnce.Do(func() {
 		close(n.closing)
+		n.cancel()
 		var errs []error
 		if abrupt {
 			errs = append(errs, n.transport.Close())
 		}
 		errs = append(errs, n.raft.Shutdown().Error())
+		close(n.raftStopped)
 		<-n.loopDone
 		if !abrupt {
 			errs = append(errs, n.transport.Close())

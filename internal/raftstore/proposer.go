@@ -38,15 +38,20 @@ type session struct {
 	ctx  context.Context // cancelled when the session ends; carries the session
 	end  context.CancelCauseFunc
 
-	mu      sync.Mutex
-	enc     batchEncoder  // guarded by mu
-	firstAt time.Time     // when enc got its first batch; guarded by mu
-	space   chan struct{} // closed when enc is taken; guarded by mu
+	mu       sync.Mutex
+	enc      batchEncoder  // guarded by mu
+	firstAt  time.Time     // when enc got its first batch; guarded by mu
+	space    chan struct{} // closed when enc is taken; guarded by mu
+	force    bool          // propose enc without waiting (Flush); guarded by mu
+	sealed   uint64        // entries taken from enc and proposed; guarded by mu
+	applied  uint64        // of those, entries applied here; guarded by mu
+	progress chan struct{} // closed and replaced when applied grows; guarded by mu
 
 	kick     chan struct{} // wakes the flusher: enc got its first batch or became full
 	slots    chan struct{} // one token per proposal in flight
 	inflight chan proposal
-	pipeline sync.WaitGroup // flusher and waiter
+	flushed  chan struct{} // closed when the flusher has returned
+	waited   chan struct{} // closed when the waiter has returned
 
 	fnMu     sync.Mutex
 	fnClosed bool           // guarded by fnMu: no more RunWhileLeader functions may join
@@ -67,12 +72,14 @@ func newSession(n *Node, term uint64) *session {
 	s := &session{
 		n: n, term: term, end: end,
 		space:    make(chan struct{}),
+		progress: make(chan struct{}),
 		kick:     make(chan struct{}, 1),
 		slots:    make(chan struct{}, n.cfg.MaxInFlight),
 		inflight: make(chan proposal, n.cfg.MaxInFlight),
+		flushed:  make(chan struct{}),
+		waited:   make(chan struct{}),
 	}
 	s.ctx = context.WithValue(ctx, sessionKey{}, s)
-	s.pipeline.Add(2)
 	go s.flusher()
 	go s.waiter()
 	return s
@@ -129,8 +136,39 @@ func (s *session) submit(ctx context.Context, b *ingest.StreamBatch) error {
 	return nil
 }
 
+// flush proposes the entry being filled at once and waits until it and every
+// entry before it are applied here.
+func (s *session) flush(ctx context.Context) error {
+	s.mu.Lock()
+	target := s.sealed
+	if s.enc.batches > 0 {
+		target++
+		s.force = true
+	}
+	s.mu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+	for {
+		s.mu.Lock()
+		done, progress := s.applied >= target, s.progress
+		s.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-progress:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.ctx.Done():
+			return s.endedErr()
+		}
+	}
+}
+
 func (s *session) flusher() {
-	defer s.pipeline.Done()
+	defer close(s.flushed)
 	defer close(s.inflight)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -142,10 +180,10 @@ func (s *session) flusher() {
 		}
 		for {
 			s.mu.Lock()
-			n, full, due := s.enc.batches, s.full(), s.firstAt.Add(s.n.cfg.MaxBatchWait)
+			n, full, force, due := s.enc.batches, s.full(), s.force, s.firstAt.Add(s.n.cfg.MaxBatchWait)
 			s.mu.Unlock()
 			wait := time.Until(due)
-			if n > 0 && (full || wait <= 0) {
+			if n > 0 && (full || force || wait <= 0) {
 				break
 			}
 			var fire <-chan time.Time
@@ -165,6 +203,8 @@ func (s *session) flusher() {
 		data := s.enc.finish(nil)
 		p := proposal{at: time.Now(), batches: s.enc.batches, events: s.enc.events, bytes: len(data)}
 		s.enc.reset()
+		s.force = false
+		s.sealed++
 		close(s.space)
 		s.space = make(chan struct{})
 		s.mu.Unlock()
@@ -176,7 +216,7 @@ func (s *session) flusher() {
 }
 
 func (s *session) waiter() {
-	defer s.pipeline.Done()
+	defer close(s.waited)
 	m := s.n.metrics
 	for p := range s.inflight {
 		err := p.future.Error()
@@ -192,6 +232,11 @@ func (s *session) waiter() {
 			s.end(fmt.Errorf("proposal of %d batches failed: %w", p.batches, err))
 			continue
 		}
+		s.mu.Lock()
+		s.applied++
+		close(s.progress)
+		s.progress = make(chan struct{})
+		s.mu.Unlock()
 		m.commitSeconds.Observe(time.Since(p.at).Seconds())
 		m.proposedEntries.Inc()
 		m.proposedBatches.Add(float64(p.batches))
@@ -212,12 +257,19 @@ func (s *session) join() bool {
 }
 
 // close ends the session with cause and waits until nothing of it runs: the
-// RunWhileLeader functions have returned and every proposal has been decided.
+// RunWhileLeader functions have returned and every proposal has been decided, so
+// the next session starts after all of this one's commits. Once raft has shut
+// down it does not wait for the proposals: raft leaves the futures of entries it
+// had committed but not applied unanswered, and the waiter stays blocked on one.
 func (s *session) close(cause error) {
 	s.end(cause)
 	s.fnMu.Lock()
 	s.fnClosed = true
 	s.fnMu.Unlock()
 	s.fns.Wait()
-	s.pipeline.Wait()
+	<-s.flushed
+	select {
+	case <-s.waited:
+	case <-s.n.raftStopped:
+	}
 }

@@ -4,11 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
+
+	"github.com/kvindex/kvindex/internal/ingest"
 )
 
 var (
-	// ErrInvalidWorker: a worker registration missing a required field or with one
-	// out of range; the message names it.
+	// ErrInvalidWorker: a worker registration the registry cannot hold; the message
+	// names the field. (Node.RegisterWorker also applies ingest's stricter
+	// WorkerSpec.Validate, whose error it returns as is.)
 	ErrInvalidWorker = errors.New("raftstore: invalid worker")
 	// ErrWorkerExists: a worker with this id is registered with a different spec.
 	ErrWorkerExists = errors.New("raftstore: worker already registered with a different spec")
@@ -16,38 +20,22 @@ var (
 	ErrUnknownWorker = errors.New("raftstore: unknown worker")
 )
 
-// Worker is one entry of the replicated worker registry: who an engine is and
-// where its event, replay and HTTP endpoints are (the fields of the API's
-// WorkerSpec). The registry decides which engines the leader subscribes to; the
-// index itself applies batches of any stream, registered or not, except those of
-// a worker unregistered since (see FSM).
-type Worker struct {
-	ID             string
-	Model          string
-	BlockSize      uint32
-	DPSize         uint32 // 0 is read as 1
-	EventsEndpoint string
-	EventsTopic    string
-	ReplayEndpoint string
-	HTTPEndpoint   string
-	Role           string // "", "aggregated", "prefill" or "decode"; not interpreted here
-	Labels         map[string]string
-}
-
-// Validate checks what the registry requires: an id of 1..1024 bytes, a model, a
-// block size, and strings of at most 64 KiB.
-func (w *Worker) Validate() error {
+// checkWorker is the registry's own, minimal check, applied by every replica when
+// the entry commits. It must give the same answer in every version that shares a
+// log, so it only checks what the log format needs: an id of 1..1024 bytes, block
+// and dp sizes in 0..2^32-1, strings of at most 64 KiB.
+func checkWorker(w *ingest.WorkerSpec) error {
 	switch {
 	case w.ID == "" || len(w.ID) > maxNameLen:
 		return fmt.Errorf("%w: id of %d bytes (want 1..%d)", ErrInvalidWorker, len(w.ID), maxNameLen)
-	case w.Model == "":
-		return fmt.Errorf("%w: worker %q has no model", ErrInvalidWorker, w.ID)
-	case w.BlockSize == 0:
-		return fmt.Errorf("%w: worker %q has block size 0", ErrInvalidWorker, w.ID)
+	case w.BlockSize < 0 || w.BlockSize > math.MaxUint32:
+		return fmt.Errorf("%w: worker %q block size %d", ErrInvalidWorker, w.ID, w.BlockSize)
+	case w.DPSize < 0 || w.DPSize > math.MaxUint32:
+		return fmt.Errorf("%w: worker %q dp size %d", ErrInvalidWorker, w.ID, w.DPSize)
 	}
 	for what, s := range map[string]string{
-		"model": w.Model, "events endpoint": w.EventsEndpoint, "events topic": w.EventsTopic,
-		"replay endpoint": w.ReplayEndpoint, "HTTP endpoint": w.HTTPEndpoint, "role": w.Role,
+		"model": w.Model, "endpoint": w.Endpoint, "topic": w.Topic,
+		"replay endpoint": w.Replay, "HTTP endpoint": w.HTTP, "role": w.Role,
 	} {
 		if len(s) > maxStringLen {
 			return fmt.Errorf("%w: worker %q %s of %d bytes exceeds %d", ErrInvalidWorker, w.ID, what, len(s), maxStringLen)
@@ -61,16 +49,15 @@ func (w *Worker) Validate() error {
 	return nil
 }
 
-// Equal reports whether w and o are the same registration (a nil and an empty
-// label map are equal).
-func (w *Worker) Equal(o *Worker) bool {
-	return w.ID == o.ID && w.Model == o.Model && w.BlockSize == o.BlockSize && w.DPSize == o.DPSize &&
-		w.EventsEndpoint == o.EventsEndpoint && w.EventsTopic == o.EventsTopic &&
-		w.ReplayEndpoint == o.ReplayEndpoint && w.HTTPEndpoint == o.HTTPEndpoint &&
-		w.Role == o.Role && maps.Equal(w.Labels, o.Labels)
+// sameWorker reports whether two registrations are the same, field by field (a
+// nil and an empty label map are the same).
+func sameWorker(a, b *ingest.WorkerSpec) bool {
+	return a.ID == b.ID && a.Model == b.Model && a.BlockSize == b.BlockSize && a.DPSize == b.DPSize &&
+		a.Endpoint == b.Endpoint && a.Topic == b.Topic && a.Replay == b.Replay && a.HTTP == b.HTTP &&
+		a.Role == b.Role && maps.Equal(a.Labels, b.Labels)
 }
 
-func (w Worker) clone() Worker {
+func cloneWorker(w ingest.WorkerSpec) ingest.WorkerSpec {
 	w.Labels = maps.Clone(w.Labels)
 	return w
 }

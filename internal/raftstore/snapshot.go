@@ -85,7 +85,7 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 // Release drops the captured bytes.
 func (s *fsmSnapshot) Release() { s.head, s.index = nil, nil }
 
-func encodeState(workers map[string]Worker, tombstones map[string]uint64, members map[string]string, cursors map[ingest.Stream]ingest.Cursor) []byte {
+func encodeState(workers map[string]ingest.WorkerSpec, tombstones map[string]uint64, members map[string]string, cursors map[ingest.Stream]ingest.Cursor) []byte {
 	var b []byte
 	b = binary.AppendUvarint(b, uint64(len(workers)))
 	for _, id := range slices.Sorted(maps.Keys(workers)) {
@@ -116,7 +116,7 @@ func compareStreams(a, b ingest.Stream) int {
 
 // snapshotState is the part of a snapshot beside the index.
 type snapshotState struct {
-	workers    map[string]Worker
+	workers    map[string]ingest.WorkerSpec
 	tombstones map[string]uint64
 	members    map[string]string
 	cursors    map[ingest.Stream]ingest.Cursor
@@ -164,7 +164,7 @@ func readSnapshot(r io.Reader, ix *radix.Index) (snapshotState, error) {
 func decodeState(data []byte) (snapshotState, error) {
 	d := entryDecoder{data: data}
 	st := snapshotState{
-		workers:    map[string]Worker{},
+		workers:    map[string]ingest.WorkerSpec{},
 		tombstones: map[string]uint64{},
 		members:    map[string]string{},
 		cursors:    map[ingest.Stream]ingest.Cursor{},
