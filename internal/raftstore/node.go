@@ -78,8 +78,8 @@ type Node struct {
 	stopped     chan struct{} // closed when shutdown is complete
 	// ctx ends when shutdown starts; the node's own waits on raft futures use it,
 	// because raft leaves some futures unanswered when it shuts down.
-	ctx    context.Context
-	cancel context.CancelFunc
+	ctx       context.Context
+	cancel    context.CancelFunc
 	closeOnce sync.Once
 	closeErr  error
 }
