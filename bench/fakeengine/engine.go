@@ -64,7 +64,7 @@ func New(cfg Config, log *slog.Logger) (*Engine, error) {
 	}
 	var tok tokenize.Tokenizer = tokenize.NewBuiltin()
 	for _, spec := range cfg.Tokenizers {
-		t, err := tokenize.Load(spec)
+		t, err := tokenize.Load(spec, tokenize.Options{})
 		if err != nil {
 			return nil, fmt.Errorf("--tokenizer=%s: %w", spec, err)
 		}

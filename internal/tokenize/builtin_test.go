@@ -131,7 +131,7 @@ func TestBuiltinChatTemplateRejectsBadInput(t *testing.T) {
 	}
 }
 
-func TestMessageContentForms(t *testing.T) {
+func TestMessageContentFormsJoinLikeVLLM(t *testing.T) {
 	tests := []struct {
 		name    string
 		json    string
@@ -141,7 +141,10 @@ func TestMessageContentForms(t *testing.T) {
 		{"string", `{"role":"user","content":"hi"}`, "hi", false},
 		{"null", `{"role":"assistant","content":null}`, "", false},
 		{"absent", `{"role":"assistant"}`, "", false},
-		{"text parts", `{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}`, "ab", false},
+		{"text parts joined by newline", `{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}`, "a\nb", false},
+		{"empty and null texts skipped", `{"role":"user","content":[{"type":"text","text":""},{"type":"text","text":null},{"type":"text","text":"x"}]}`, "x", false},
+		{"bare strings, refusal, thinking, input_text", `{"role":"user","content":["s",{"type":"refusal","refusal":"r"},{"type":"thinking","thinking":"t"},{"type":"input_text","text":"i"}]}`, "s\nr\nt\ni", false},
+		{"empty part list", `{"role":"user","content":[]}`, "", false},
 		{"image part", `{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}`, "", true},
 		{"number", `{"role":"user","content":3}`, "", true},
 	}
@@ -151,6 +154,9 @@ func TestMessageContentForms(t *testing.T) {
 			err := json.Unmarshal([]byte(tt.json), &m)
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
+			}
+			if err != nil && !errors.Is(err, ErrInvalidMessages) {
+				t.Fatalf("err = %v, want one wrapping ErrInvalidMessages", err)
 			}
 			if err == nil && m.Content != tt.want {
 				t.Fatalf("content = %q, want %q", m.Content, tt.want)

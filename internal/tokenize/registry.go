@@ -90,8 +90,20 @@ func (s *Specs) Set(v string) error {
 	return nil
 }
 
-// Load builds the tokenizer a spec names. Loading tokenizer.json directories is not
-// implemented yet: every spec is an error wrapping ErrNotSupported.
-func Load(spec Spec) (Tokenizer, error) {
-	return nil, fmt.Errorf("%w yet: loading the Hugging Face tokenizer of %q from %s", ErrNotSupported, spec.Model, spec.Dir)
+// Load builds the Hugging Face tokenizer of a spec from the files in spec.Dir (see
+// LoadDir).
+func Load(spec Spec, opts Options) (*HFTokenizer, error) {
+	return LoadDir(spec.Model, spec.Dir, opts)
+}
+
+// LoadAll loads every spec and registers it under its model name.
+func (r *Registry) LoadAll(specs Specs, opts Options) error {
+	for _, spec := range specs {
+		t, err := Load(spec, opts)
+		if err != nil {
+			return fmt.Errorf("--tokenizer=%s: %w", spec, err)
+		}
+		r.Register(spec.Model, t)
+	}
+	return nil
 }

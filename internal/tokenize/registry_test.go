@@ -3,6 +3,7 @@ package tokenize
 import (
 	"errors"
 	"flag"
+	"os"
 	"slices"
 	"testing"
 )
@@ -61,8 +62,9 @@ func TestSpecsIsARepeatableFlag(t *testing.T) {
 	}
 }
 
-func TestLoadDirectoryIsNotSupportedYet(t *testing.T) {
-	if _, err := Load(Spec{"m", t.TempDir()}); !errors.Is(err, ErrNotSupported) {
-		t.Fatalf("Load error = %v, want ErrNotSupported", err)
+func TestLoadDirectoryWithoutTokenizerJSONFails(t *testing.T) {
+	_, err := Load(Spec{"m", t.TempDir()}, Options{})
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Load(empty dir) error = %v, want one wrapping os.ErrNotExist", err)
 	}
 }

@@ -16,10 +16,14 @@ var (
 	ErrInvalidMessages = errors.New("tokenize: invalid chat messages")
 	// ErrUnknownModel: the registry has no tokenizer for the model.
 	ErrUnknownModel = errors.New("tokenize: no tokenizer for model")
-	// ErrNotSupported: the requested tokenizer source cannot be loaded (yet).
+	// ErrNotSupported: the tokenizer file uses a feature this package does not
+	// implement exactly (a model, normalizer, pre-tokenizer, ... other than those of
+	// byte-level BPE tokenizers), or the tokenizer has no chat template.
 	ErrNotSupported = errors.New("tokenize: not supported")
 	// ErrBadSpec: a --tokenizer value is not of the form <model>=<dir>.
 	ErrBadSpec = errors.New("tokenize: bad tokenizer spec")
+	// ErrBadTokenizerFile: a tokenizer.json or tokenizer_config.json is malformed.
+	ErrBadTokenizerFile = errors.New("tokenize: invalid tokenizer file")
 )
 
 // Tokenizer turns text into token ids and back, and renders chat messages into the
@@ -55,14 +59,21 @@ type ChatOptions struct {
 	Kwargs map[string]any
 }
 
-// Message is one OpenAI chat message. Content given as an array of parts is
-// flattened to the concatenation of its text parts (see UnmarshalJSON).
+// Message is one OpenAI chat message, with content already in the form vLLM passes to
+// text-only chat templates (see UnmarshalJSON).
 type Message struct {
-	Role       string     `json:"role"`
-	Content    string     `json:"content"`
-	Name       string     `json:"name,omitempty"`
+	Role    string `json:"role"`
+	Content string `json:"content"`
+	Name    string `json:"name,omitempty"`
+	// ToolCalls are an assistant message's function calls; an empty list is the same
+	// as none.
 	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
 	ToolCallID string     `json:"tool_call_id,omitempty"`
+	// Reasoning is an assistant message's reasoning text (vLLM's "reasoning" field),
+	// shown to templates as both reasoning and reasoning_content.
+	Reasoning *string `json:"reasoning,omitempty"`
+	// Tools are the functions a "developer" message offers.
+	Tools []Tool `json:"tools,omitempty"`
 }
 
 // ToolCall is a function call an assistant message made.
@@ -72,16 +83,42 @@ type ToolCall struct {
 	Function FunctionCall `json:"function"`
 }
 
-// FunctionCall names the called function; Arguments is the JSON text the model wrote.
+// FunctionCall names the called function; Arguments is the JSON text of its arguments.
 type FunctionCall struct {
 	Name      string `json:"name"`
 	Arguments string `json:"arguments"`
 }
 
-// Tool is a function offered to the model.
+// UnmarshalJSON takes arguments as the OpenAI string, or as a JSON object or array
+// (kept as its JSON text). Any other JSON value leaves Arguments empty, which vLLM
+// renders as {} just like a string that is not valid JSON.
+func (f *FunctionCall) UnmarshalJSON(data []byte) error {
+	var raw struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return err
+	}
+	*f = FunctionCall{Name: raw.Name}
+	args := bytes.TrimSpace(raw.Arguments)
+	switch {
+	case len(args) == 0:
+	case args[0] == '"':
+		return json.Unmarshal(args, &f.Arguments)
+	case args[0] == '{' || args[0] == '[':
+		f.Arguments = string(args)
+	}
+	return nil
+}
+
+// Tool is a function offered to the model. Fields of the request that are not modelled
+// here are kept, in order, and shown to the template after the known ones (as vLLM's
+// pydantic models, which allow extra fields, dump them).
 type Tool struct {
 	Type     string      `json:"type"`
 	Function FunctionDef `json:"function"`
+	extra    []rawField
 }
 
 // FunctionDef describes an offered function; Parameters is its JSON Schema, verbatim.
@@ -89,18 +126,100 @@ type FunctionDef struct {
 	Name        string          `json:"name"`
 	Description string          `json:"description,omitempty"`
 	Parameters  json.RawMessage `json:"parameters,omitempty"`
+	// hasDescription tells an absent description (None to templates) from "".
+	hasDescription bool
+	extra          []rawField
 }
 
-// UnmarshalJSON accepts content as a string, null, or an array of parts; text parts
-// ({"type":"text","text":...}) are concatenated, any other part type is an error
-// wrapping ErrInvalidMessages because the tokenizers here are text-only.
+// rawField is a JSON object member kept verbatim.
+type rawField struct {
+	key   string
+	value json.RawMessage
+}
+
+// UnmarshalJSON reads type and function and keeps any other member.
+func (t *Tool) UnmarshalJSON(data []byte) error {
+	*t = Tool{}
+	return eachMember(data, func(key string, value json.RawMessage) error {
+		switch key {
+		case "type":
+			return json.Unmarshal(value, &t.Type)
+		case "function":
+			return json.Unmarshal(value, &t.Function)
+		}
+		t.extra = append(t.extra, rawField{key, value})
+		return nil
+	})
+}
+
+// UnmarshalJSON reads name, description and parameters and keeps any other member.
+func (f *FunctionDef) UnmarshalJSON(data []byte) error {
+	*f = FunctionDef{}
+	return eachMember(data, func(key string, value json.RawMessage) error {
+		switch key {
+		case "name":
+			return json.Unmarshal(value, &f.Name)
+		case "description":
+			var d *string
+			if err := json.Unmarshal(value, &d); err != nil {
+				return err
+			}
+			if d != nil {
+				f.Description, f.hasDescription = *d, true
+			}
+			return nil
+		case "parameters":
+			if !isNull(value) {
+				f.Parameters = value
+			}
+			return nil
+		}
+		f.extra = append(f.extra, rawField{key, value})
+		return nil
+	})
+}
+
+// eachMember calls fn for every member of the JSON object data, in order.
+func eachMember(data []byte, fn func(key string, value json.RawMessage) error) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return fmt.Errorf("%w: want a JSON object, got %s", ErrInvalidMessages, bytes.TrimSpace(data))
+	}
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return err
+		}
+		if err := fn(key.(string), value); err != nil {
+			return err
+		}
+	}
+	_, err = dec.Token()
+	return err
+}
+
+// UnmarshalJSON accepts content as a string, null, or an array of parts, which vLLM
+// joins with "\n" for text-only templates: text parts (also input_text, output_text),
+// refusal and thinking parts and bare strings contribute their text, empty texts are
+// skipped, and any other part type (images, audio) is an error wrapping
+// ErrInvalidMessages because the tokenizers here are text-only. Null content is "".
 func (m *Message) UnmarshalJSON(data []byte) error {
 	var raw struct {
 		Role       string          `json:"role"`
 		Content    json.RawMessage `json:"content"`
-		Name       string          `json:"name"`
+		Name       json.RawMessage `json:"name"`
 		ToolCalls  []ToolCall      `json:"tool_calls"`
-		ToolCallID string          `json:"tool_call_id"`
+		ToolCallID *string         `json:"tool_call_id"`
+		Reasoning  *string         `json:"reasoning"`
+		Tools      []Tool          `json:"tools"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return err
@@ -109,7 +228,12 @@ func (m *Message) UnmarshalJSON(data []byte) error {
 	if err != nil {
 		return err
 	}
-	*m = Message{Role: raw.Role, Content: content, Name: raw.Name, ToolCalls: raw.ToolCalls, ToolCallID: raw.ToolCallID}
+	*m = Message{Role: raw.Role, Content: content, ToolCalls: raw.ToolCalls, Reasoning: raw.Reasoning, Tools: raw.Tools}
+	if raw.ToolCallID != nil {
+		m.ToolCallID = *raw.ToolCallID
+	}
+	// vLLM keeps name only when it is a string.
+	_ = json.Unmarshal(raw.Name, &m.Name)
 	return nil
 }
 
@@ -124,21 +248,52 @@ func flattenContent(raw json.RawMessage) (string, error) {
 		err := json.Unmarshal(trimmed, &s)
 		return s, err
 	case '[':
-		var parts []struct {
-			Type string  `json:"type"`
-			Text *string `json:"text"`
-		}
+		var parts []json.RawMessage
 		if err := json.Unmarshal(trimmed, &parts); err != nil {
 			return "", err
 		}
-		var sb strings.Builder
+		texts := make([]string, 0, len(parts))
 		for i, p := range parts {
-			if p.Type != "text" || p.Text == nil {
-				return "", fmt.Errorf("%w: content part %d has type %q; only text parts are supported", ErrInvalidMessages, i, p.Type)
+			text, err := partText(p)
+			if err != nil {
+				return "", fmt.Errorf("content part %d: %w", i, err)
 			}
-			sb.WriteString(*p.Text)
+			if text != "" {
+				texts = append(texts, text)
+			}
 		}
-		return sb.String(), nil
+		return strings.Join(texts, "\n"), nil
 	}
 	return "", fmt.Errorf("%w: content must be a string, null or an array of parts, got %.20s", ErrInvalidMessages, trimmed)
+}
+
+func partText(raw json.RawMessage) (string, error) {
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var part struct {
+		Type     string  `json:"type"`
+		Text     *string `json:"text"`
+		Refusal  *string `json:"refusal"`
+		Thinking *string `json:"thinking"`
+	}
+	if err := json.Unmarshal(raw, &part); err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalidMessages, err)
+	}
+	var text *string
+	switch part.Type {
+	case "text", "input_text", "output_text":
+		text = part.Text
+	case "refusal":
+		text = part.Refusal
+	case "thinking":
+		text = part.Thinking
+	default:
+		return "", fmt.Errorf("%w: part type %q; only text parts are supported", ErrInvalidMessages, part.Type)
+	}
+	if text == nil {
+		return "", nil
+	}
+	return *text, nil
 }
