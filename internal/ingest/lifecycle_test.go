@@ -172,13 +172,11 @@ func TestWorkersFileReloadStartsAndStopsSubscriptions(t *testing.T) {
 	waitConverged(t, p.applier, followed{"a", a}, followed{"b", b})
 
 	writeWorkersFile(t, file, connectSpec("b", b))
-	waitFor(t, "worker a removed", func() bool { return !hasWorker(p.mgr, "a") })
-	if err := p.sink.Flush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := p.applier.Cursor(Stream{Worker: "a"}); ok {
-		t.Error("worker a's cursor survived its removal")
-	}
+	waitFor(t, "worker a unregistered", func() bool { return !hasWorker(p.mgr, "a") })
+	waitFor(t, "worker a's blocks and cursor dropped", func() bool {
+		_, ok := p.applier.Cursor(Stream{Worker: "a"})
+		return !ok
+	})
 	traffic{seed: 73, requests: 10, inFlight: 2}.run(t, a, b)
 	waitConverged(t, p.applier, followed{"b", b})
 	if err := p.sink.Flush(context.Background()); err != nil {
