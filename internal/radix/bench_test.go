@@ -87,7 +87,9 @@ var matchFleet struct {
 	once    sync.Once
 	ix      *Index
 	prompts []benchPrompt
-	hot     benchPrompt // cached on all 64 workers
+	hot     benchPrompt // cached on all 64 workers, stored whole by each
+	mixed   benchPrompt // cached on all 64 workers, stored block by block in shuffled worker order
+	varied  benchPrompt // cached on all 64 workers, worker w holding block i on tier (w+i)%3
 }
 
 func loadMatchFleet(b *testing.B) {
@@ -101,14 +103,37 @@ func loadMatchFleet(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		matchFleet.ix, matchFleet.prompts, matchFleet.hot = ix, prompts, hot
+		// Block by block, each block's holder list in a different order: no two
+		// consecutive nodes look alike, so Match steps through every holder.
+		mixed := benchUniverse(rng, 1, false)[0]
+		for i, h := range mixed.hashes {
+			for _, w := range rng.Perm(benchWorkers) {
+				if _, err := ix.Stored(benchWorker(w), benchNS, mixed.hashes[max(i-1, 0)], i > 0, []uint64{h}, mixed.keys[i:i+1], Tier(w%NumTiers)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		// Tiers change from block to block: every node's holder list differs from
+		// its parent's, so Match examines all 64 x 128 (worker, block) pairs.
+		varied := benchUniverse(rng, 1, false)[0]
+		for w := range benchWorkers {
+			for i, h := range varied.hashes {
+				if _, err := ix.Stored(benchWorker(w), benchNS, varied.hashes[max(i-1, 0)], i > 0, []uint64{h}, varied.keys[i:i+1], Tier((w+i)%NumTiers)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		matchFleet.ix, matchFleet.prompts, matchFleet.hot, matchFleet.mixed, matchFleet.varied = ix, prompts, hot, mixed, varied
 	})
 }
 
 // BenchmarkMatch: a 128-block prompt against 64 workers and 1.0M indexed blocks.
 // "indexed" asks for prompts of the fleet (1-4 holders beyond the shared system
-// prompt); "all-64" asks for a prompt every worker holds entirely (64 x 128 holder
-// steps, the worst case); "miss" for a prompt nobody holds. Reports p50/p99 of
+// prompt); "all-64" for a prompt every worker holds entirely; "all-64-shuffled"
+// the same, stored in a different worker order at every block;
+// "all-64-tiers-vary" the same with tiers changing from block to block, so that
+// every (worker, block) pair is examined: the worst case; "miss" for a prompt
+// nobody holds. Reports p50/p99 of
 // single calls measured one by one.
 func BenchmarkMatch(b *testing.B) {
 	loadMatchFleet(b)
@@ -121,6 +146,8 @@ func BenchmarkMatch(b *testing.B) {
 	}{
 		{"indexed", func(i int) []uint64 { return matchFleet.prompts[(i*7919)%len(matchFleet.prompts)].keys }},
 		{"all-64", func(int) []uint64 { return matchFleet.hot.keys }},
+		{"all-64-shuffled", func(int) []uint64 { return matchFleet.mixed.keys }},
+		{"all-64-tiers-vary", func(int) []uint64 { return matchFleet.varied.keys }},
 		{"miss", func(int) []uint64 { return miss.keys }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {

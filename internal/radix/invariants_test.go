@@ -55,15 +55,16 @@ func checkInvariants(ix *Index) error {
 		if n.hint != 0 && (st.nodes[n.hint].parent != uint32(i)) {
 			return fmt.Errorf("node %d hints at %d, not its child", i, n.hint)
 		}
-		seen := map[uint32]bool{}
-		_, count := st.findHolder(uint32(i), noNode)
+		count := st.holderCount(n)
 		for k := 0; k < count; k++ {
 			r := st.holderAt(uint32(i), k)
 			wid := r >> 3
-			if r&7 == 0 || int(wid) >= len(st.workers) || st.workers[wid] == nil || seen[wid] {
+			if r&7 == 0 || int(wid) >= len(st.workers) || st.workers[wid] == nil {
 				return fmt.Errorf("node %d has bad holder %x", i, r)
 			}
-			seen[wid] = true
+			if k > 0 && st.holderAt(uint32(i), k-1)>>3 >= wid {
+				return fmt.Errorf("node %d holders not sorted by worker id at %d", i, k)
+			}
 			residencies++
 		}
 	}

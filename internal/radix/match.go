@@ -131,23 +131,26 @@ func (sc *matchScratch) admit(holders [2]uint32, filtered bool, mark uint64, ran
 }
 
 // step advances, by one block of node n, the holders still matching (mark ==
-// want); it reports whether any did. An empty holder slot (0) never matches.
+// want); it reports whether any did. This loop is where a Match over many
+// holders spends its time.
 func (sc *matchScratch) step(n *node, more []uint32, want uint64) bool {
-	advanced := sc.stepOne(n.holders[0], want) | sc.stepOne(n.holders[1], want)
+	slots := sc.slots // a local slice keeps base and length in registers
+	advanced := 0
+	for _, r := range n.holders {
+		if s := &slots[r>>3]; s.mark == want && r != 0 {
+			s.mark = want + 1
+			s.tiers[bits.TrailingZeros32(r)&3]++
+			advanced++
+		}
+	}
 	for _, r := range more {
-		advanced |= sc.stepOne(r, want)
+		if s := &slots[r>>3]; s.mark == want {
+			s.mark = want + 1
+			s.tiers[bits.TrailingZeros32(r)&3]++
+			advanced++
+		}
 	}
 	return advanced != 0
-}
-
-func (sc *matchScratch) stepOne(r uint32, want uint64) int {
-	s := &sc.slots[r>>3]
-	if s.mark != want || r == 0 {
-		return 0
-	}
-	s.mark = want + 1
-	s.tiers[bits.TrailingZeros32(r)&3]++
-	return 1
 }
 
 // credit advances by run blocks the holders of n still matching (mark == want).

@@ -143,34 +143,19 @@ func (st *state) release(n uint32) {
 	}
 }
 
-// Holders of a node form one list: positions 0 and 1 inline, 2 and up in
-// st.extra[node.more]. The list is packed: the inline slots fill first.
+// Holders of a node form one list sorted by worker id: positions 0 and 1 inline,
+// 2 and up in st.extra[node.more], filled from the front. Sorted, the lists of two
+// nodes held by the same workers on the same tiers are byte-identical whatever
+// order the workers stored them in, which Match exploits (sameHolders).
 
-// findHolder returns worker wid's position at node n (-1 if absent) and the count of holders.
-func (st *state) findHolder(n, wid uint32) (pos, count int) {
-	nd := &st.nodes[n]
-	pos = -1
-	for i, r := range nd.holders {
-		if r == 0 {
-			return pos, i
-		}
-		if r>>3 == wid {
-			pos = i
-		}
+func (st *state) holderCount(nd *node) int {
+	switch {
+	case nd.holders[0] == 0:
+		return 0
+	case nd.holders[1] == 0:
+		return 1
 	}
-	if nd.more == 0 {
-		return pos, 2
-	}
-	ex := st.extra[nd.more]
-	if pos < 0 {
-		for i, r := range ex {
-			if r>>3 == wid {
-				pos = 2 + i
-				break
-			}
-		}
-	}
-	return pos, 2 + len(ex)
+	return 2 + len(st.moreHolders(nd))
 }
 
 // moreHolders returns the holders of n beyond the inline two.
@@ -179,19 +164,6 @@ func (st *state) moreHolders(n *node) []uint32 {
 		return nil
 	}
 	return st.extra[n.more]
-}
-
-// sameHolders reports whether nodes a and b have identical holder lists (workers,
-// tiers and order).
-func (st *state) sameHolders(a, b uint32) bool {
-	na, nb := &st.nodes[a], &st.nodes[b]
-	return na.holders == nb.holders && bytes.Equal(asBytes(st.moreHolders(na)), asBytes(st.moreHolders(nb)))
-}
-
-// asBytes views holders as bytes, so comparing lists is one vectorised memequal
-// (a per-element loop costs the most of a Match over many holders).
-func asBytes(s []uint32) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 4*len(s))
 }
 
 func (st *state) holderAt(n uint32, i int) uint32 {
@@ -209,9 +181,33 @@ func (st *state) putHolder(n uint32, i int, r uint32) {
 	}
 }
 
+// findHolder returns worker wid's position at node n, or the position where it
+// belongs, whether it is there, and the number of holders.
+func (st *state) findHolder(n, wid uint32) (pos int, found bool, count int) {
+	count = st.holderCount(&st.nodes[n])
+	for pos = 0; pos < count; pos++ {
+		if w := st.holderAt(n, pos) >> 3; w >= wid {
+			return pos, w == wid, count
+		}
+	}
+	return count, false, count
+}
+
+// sameHolders reports whether nodes a and b have identical holder lists.
+func (st *state) sameHolders(a, b uint32) bool {
+	na, nb := &st.nodes[a], &st.nodes[b]
+	return na.holders == nb.holders && bytes.Equal(asBytes(st.moreHolders(na)), asBytes(st.moreHolders(nb)))
+}
+
+// asBytes views holders as bytes, so comparing lists is one vectorised memequal
+// (a per-element loop costs the most of a Match over many holders).
+func asBytes(s []uint32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 4*len(s))
+}
+
 // holderMask returns worker wid's tier mask at node n (0 = not held).
 func (st *state) holderMask(n, wid uint32) uint8 {
-	if i, _ := st.findHolder(n, wid); i >= 0 {
+	if i, found, _ := st.findHolder(n, wid); found {
 		return uint8(st.holderAt(n, i) & 7)
 	}
 	return 0
@@ -220,52 +216,55 @@ func (st *state) holderMask(n, wid uint32) uint8 {
 // setHolder sets worker wid's tier mask at node n; mask 0 removes the worker and
 // releases n if nothing else keeps it.
 func (st *state) setHolder(n, wid uint32, mask uint8) {
-	i, count := st.findHolder(n, wid)
+	i, found, count := st.findHolder(n, wid)
 	switch {
-	case i >= 0 && mask != 0:
+	case found && mask != 0:
 		st.putHolder(n, i, residency(wid, mask))
-	case i >= 0:
-		st.putHolder(n, i, st.holderAt(n, count-1))
-		st.dropLastHolder(n, count)
+	case found:
+		st.deleteHolder(n, i, count)
 		st.residencies--
 		st.release(n)
 	case mask != 0:
-		st.appendHolder(n, count, residency(wid, mask))
+		st.insertHolder(n, i, count, residency(wid, mask))
 		st.residencies++
 	}
 }
 
-func (st *state) appendHolder(n uint32, count int, r uint32) {
-	nd := &st.nodes[n]
-	switch {
-	case count < 2:
-		nd.holders[count] = r
-	case nd.more == 0:
-		if k := len(st.freeSlot); k > 0 {
-			nd.more = st.freeSlot[k-1]
-			st.freeSlot = st.freeSlot[:k-1]
-		} else {
-			nd.more = uint32(len(st.extra))
-			st.extra = append(st.extra, nil)
+// insertHolder puts r at position i of n's count holders, shifting the rest up.
+func (st *state) insertHolder(n uint32, i, count int, r uint32) {
+	if count >= 2 {
+		nd := &st.nodes[n]
+		if nd.more == 0 {
+			if k := len(st.freeSlot); k > 0 {
+				nd.more = st.freeSlot[k-1]
+				st.freeSlot = st.freeSlot[:k-1]
+			} else {
+				nd.more = uint32(len(st.extra))
+				st.extra = append(st.extra, nil)
+			}
 		}
-		st.extra[nd.more] = append(st.extra[nd.more], r)
-	default:
-		st.extra[nd.more] = append(st.extra[nd.more], r)
+		st.extra[nd.more] = append(st.extra[nd.more], 0)
 	}
+	for j := count; j > i; j-- {
+		st.putHolder(n, j, st.holderAt(n, j-1))
+	}
+	st.putHolder(n, i, r)
 }
 
-func (st *state) dropLastHolder(n uint32, count int) {
+// deleteHolder removes position i of n's count holders, shifting the rest down.
+func (st *state) deleteHolder(n uint32, i, count int) {
+	for j := i; j < count-1; j++ {
+		st.putHolder(n, j, st.holderAt(n, j+1))
+	}
 	nd := &st.nodes[n]
-	if count <= 2 {
+	switch {
+	case count <= 2:
 		nd.holders[count-1] = 0
-		return
+	case count > 3:
+		st.extra[nd.more] = st.extra[nd.more][:count-3]
+	default:
+		st.extra[nd.more] = nil
+		st.freeSlot = append(st.freeSlot, nd.more)
+		nd.more = 0
 	}
-	ex := st.extra[nd.more]
-	if len(ex) > 1 {
-		st.extra[nd.more] = ex[:len(ex)-1]
-		return
-	}
-	st.extra[nd.more] = nil
-	st.freeSlot = append(st.freeSlot, nd.more)
-	nd.more = 0
 }
