@@ -25,6 +25,9 @@ func TestRunStopsCleanlyAndResumesFromCursors(t *testing.T) {
 	cfg.ZMQBind = "tcp://127.0.0.1:*"
 	cfg.WorkersFile = file
 	cfg.Workers = []WorkerSpec{connectSpec("first", first)}
+	// Each Run subscribes anew, and a burst published before a subscription is
+	// live reaches the index only through an idle stream's replay.
+	cfg.IdleReplayInterval = 20 * time.Millisecond
 	p := newPipeline(t, cfg)
 	if err := p.mgr.AddWorker(connectSpec("second", second)); err != nil {
 		t.Fatal(err)
