@@ -69,8 +69,9 @@ func TestIndexEqualsUnionOfEngineCaches(t *testing.T) {
 		c.DataParallelSize = 2
 		c.NumCPUBlocks = 16
 		// "*" makes the engine bind (vLLM's rule); rank r binds port+r.
-		c.KVEventsEndpoint = fmt.Sprintf("tcp://*:%d", consecutivePorts(t, 2))
-		c.KVEventsReplayEndpoint = fmt.Sprintf("tcp://*:%d", consecutivePorts(t, 2))
+		ports := consecutivePorts(t, 4) // events on the first two, replay on the last two
+		c.KVEventsEndpoint = fmt.Sprintf("tcp://*:%d", ports)
+		c.KVEventsReplayEndpoint = fmt.Sprintf("tcp://*:%d", ports+2)
 		return startEngine(t, c)
 	}()
 	lora := func() *fakeengine.Engine {

@@ -66,8 +66,9 @@ func TestNATSRelayKeepsTheIndexEqualToTheEngines(t *testing.T) {
 		c.DataParallelSize = 2
 		c.NumCPUBlocks = 16
 		c.KVEventsWire = fakeengine.WireArray
-		c.KVEventsEndpoint = fmt.Sprintf("tcp://*:%d", consecutivePorts(t, 2))
-		c.KVEventsReplayEndpoint = fmt.Sprintf("tcp://*:%d", consecutivePorts(t, 2))
+		ports := consecutivePorts(t, 4) // events on the first two, replay on the last two
+		c.KVEventsEndpoint = fmt.Sprintf("tcp://*:%d", ports)
+		c.KVEventsReplayEndpoint = fmt.Sprintf("tcp://*:%d", ports+2)
 		return startEngine(t, c)
 	}()
 	// One relay names the model, the other leaves it to the topic.
