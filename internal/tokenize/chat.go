@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -129,7 +131,7 @@ func newChatTemplate(cfg *tokenizerConfig, jinjaFile []byte) (*chatTemplate, err
 	}
 	ct := &chatTemplate{templates: map[string]*jinja.Template{}, base: map[string]jinja.Value{}}
 	for name, src := range sources {
-		tmpl, err := jinja.Compile(renameFilter(src, "tojson", tojsonName))
+		tmpl, err := jinja.Compile(renameFilter(jinjaLines(src), "tojson", tojsonName))
 		if err != nil {
 			return nil, fmt.Errorf("%w: chat template %q: %v", ErrNotSupported, name, err)
 		}
@@ -214,23 +216,30 @@ func (t *HFTokenizer) ApplyChatTemplate(messages []Message, opts ChatOptions) (s
 }
 
 // continueFinalMessage cuts the rendered chat after the final message's content, as
-// transformers does for continue_final_message, so the model continues that message.
+// transformers does for continue_final_message, so the model continues that message:
+// after the content with its trailing whitespace when the template kept it verbatim,
+// else after the stripped content.
 func continueFinalMessage(rendered string, messages []Message) (string, error) {
 	if len(messages) == 0 {
 		return "", fmt.Errorf("%w: continue_final_message needs a final message", ErrInvalidMessages)
 	}
 	final := messages[len(messages)-1].Content
-	trimmed := strings.TrimSpace(final)
+	trimmed := strings.TrimFunc(final, pyIsSpace)
 	loc := strings.LastIndex(rendered, trimmed)
-	if trimmed == "" || loc < 0 {
+	if loc < 0 {
 		return "", fmt.Errorf("%w: continue_final_message: the final message does not appear in the rendered chat", ErrInvalidMessages)
 	}
-	left := strings.TrimLeft(final, " \t\n\r\v\f")
-	if strings.HasPrefix(rendered[loc:], left) {
+	// transformers compares with the unstripped message, so this holds only when the
+	// message has no leading whitespace.
+	if left := strings.TrimLeftFunc(final, pyIsSpace); strings.HasPrefix(rendered[loc:], final) && len(left) == len(final) {
 		return rendered[:loc+len(left)], nil
 	}
 	return rendered[:loc+len(trimmed)], nil
 }
+
+// pyIsSpace is Python's str.isspace for one character: Unicode white space plus the
+// information separators U+001C..U+001F.
+func pyIsSpace(r rune) bool { return unicode.IsSpace(r) || (r >= 0x1c && r <= 0x1f) }
 
 // conversationValue is vLLM's conversation: per message role and content, then (for
 // an assistant) tool_calls with arguments parsed into objects and reasoning as both
@@ -341,6 +350,31 @@ func rawJSONValue(raw json.RawMessage) jinja.Value {
 		return jinja.None()
 	}
 	return v
+}
+
+// jinjaLines does to a template source what Jinja2's lexer does first: every line
+// break Python's str.splitlines knows (\r\n, \r, \n, \v, \f, \x1c-\x1e, \x85,
+// U+2028, U+2029) becomes "\n", and a final line break is dropped (keep_trailing_newline
+// is off in transformers).
+func jinjaLines(src string) string {
+	var sb strings.Builder
+	sb.Grow(len(src))
+	for i := 0; i < len(src); {
+		r, w := utf8.DecodeRuneInString(src[i:])
+		switch r {
+		case '\r':
+			if strings.HasPrefix(src[i:], "\r\n") {
+				w = 2
+			}
+			fallthrough
+		case '\n', '\v', '\f', 0x1c, 0x1d, 0x1e, 0x85, 0x2028, 0x2029:
+			sb.WriteByte('\n')
+		default:
+			sb.WriteString(src[i : i+w])
+		}
+		i += w
+	}
+	return strings.TrimSuffix(sb.String(), "\n")
 }
 
 // renameFilter rewrites "| name" to "| newName" inside the template's {{ }} and {% %}

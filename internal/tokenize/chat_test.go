@@ -1,0 +1,190 @@
+package tokenize
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// chatCase is one entry of testdata/chat/cases.json: the fields of an OpenAI chat
+// request that shape the prompt.
+type chatCase struct {
+	Name                 string          `json:"name"`
+	Messages             json.RawMessage `json:"messages"`
+	Tools                json.RawMessage `json:"tools"`
+	AddGenerationPrompt  bool            `json:"add_generation_prompt"`
+	ContinueFinalMessage bool            `json:"continue_final_message"`
+	ChatTemplateKwargs   map[string]any  `json:"chat_template_kwargs"`
+}
+
+func readChatCases(t testing.TB) []chatCase {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("testdata", "chat", "cases.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cases []chatCase
+	if err := json.Unmarshal(data, &cases); err != nil {
+		t.Fatal(err)
+	}
+	return cases
+}
+
+// request decodes a case as a server decodes the request body.
+func (c chatCase) request(t testing.TB) ([]Message, ChatOptions) {
+	t.Helper()
+	var msgs []Message
+	if err := json.Unmarshal(c.Messages, &msgs); err != nil {
+		t.Fatalf("%s: messages: %v", c.Name, err)
+	}
+	opts := ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt, ContinueFinalMessage: c.ContinueFinalMessage, Kwargs: c.ChatTemplateKwargs}
+	if len(c.Tools) > 0 {
+		if err := json.Unmarshal(c.Tools, &opts.Tools); err != nil {
+			t.Fatalf("%s: tools: %v", c.Name, err)
+		}
+	}
+	return msgs, opts
+}
+
+// chatTemplateTokenizer returns the tokenizer whose template a golden file was rendered
+// with: Qwen3's and Llama 3's own, and features.jinja with Llama 3's special tokens.
+func chatTemplateTokenizer(t testing.TB, template string) *HFTokenizer {
+	t.Helper()
+	if template != "features" {
+		return variantTokenizer(t, template)
+	}
+	src, err := os.ReadFile(filepath.Join("testdata", "chat", "features.jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := variantFiles(t, findVariant(t, "llama3"))
+	files.ChatTemplate = src
+	tok, err := NewHFTokenizer("features", files, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// knownChatDeviations are the (template, case) pairs where the Go renderer is known to
+// differ from Jinja2, with the reason. The test checks that each still differs as
+// described, so the list cannot go stale.
+var knownChatDeviations = map[string]string{
+	// Jinja2 raises when an attribute of an undefined value is read (messages[0].role
+	// with no messages); ardanlabs/jinja yields undefined and renders on. vLLM answers
+	// such a request with an error, so a prompt rendered for it is never cached by an
+	// engine and scoring it is harmless.
+	"qwen3/empty_messages": "renders where Jinja2 raises",
+}
+
+func TestChatTemplatesMatchJinja2(t *testing.T) {
+	cases := readChatCases(t)
+	if len(cases) < 20 {
+		t.Fatalf("%d chat cases, want >= 20", len(cases))
+	}
+	for _, template := range []string{"qwen3", "llama3", "features"} {
+		t.Run(template, func(t *testing.T) {
+			tok := chatTemplateTokenizer(t, template)
+			data, err := os.ReadFile(filepath.Join("testdata", "chat", "golden_"+template+".json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var golden struct {
+				Cases map[string]struct {
+					Prompt *string `json:"prompt"`
+					Error  *string `json:"error"`
+				} `json:"cases"`
+			}
+			if err := json.Unmarshal(data, &golden); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range cases {
+				want, ok := golden.Cases[c.Name]
+				if !ok {
+					t.Fatalf("case %s missing from golden_%s.json (regenerate with testdata/gen/chat.py)", c.Name, template)
+				}
+				msgs, opts := c.request(t)
+				got, err := tok.ApplyChatTemplate(msgs, opts)
+				if _, known := knownChatDeviations[template+"/"+c.Name]; known {
+					if want.Error == nil || err != nil {
+						t.Errorf("%s: known deviation no longer holds (Go error %v, Jinja2 error %v): update knownChatDeviations", c.Name, err, want.Error)
+					}
+					continue
+				}
+				switch {
+				case want.Error != nil && err == nil:
+					t.Errorf("%s: rendered %q, Jinja2 failed with %s", c.Name, got, *want.Error)
+				case want.Error != nil && !errors.Is(err, ErrInvalidMessages):
+					t.Errorf("%s: error %v does not wrap ErrInvalidMessages", c.Name, err)
+				case want.Prompt != nil && err != nil:
+					t.Errorf("%s: error %v, Jinja2 rendered %q", c.Name, err, *want.Prompt)
+				case want.Prompt != nil && got != *want.Prompt:
+					t.Errorf("%s: rendered\n%s\nJinja2 rendered\n%s", c.Name, got, *want.Prompt)
+				}
+			}
+		})
+	}
+}
+
+func TestChatTemplateRejectsContradictoryOptions(t *testing.T) {
+	tok := variantTokenizer(t, "qwen3")
+	msgs := []Message{{Role: "user", Content: "x"}, {Role: "assistant", Content: "y"}}
+	_, err := tok.ApplyChatTemplate(msgs, ChatOptions{AddGenerationPrompt: true, ContinueFinalMessage: true})
+	if !errors.Is(err, ErrInvalidMessages) {
+		t.Fatalf("error = %v, want ErrInvalidMessages", err)
+	}
+	if _, err = tok.ApplyChatTemplate(nil, ChatOptions{ContinueFinalMessage: true}); !errors.Is(err, ErrInvalidMessages) {
+		t.Fatalf("continue_final_message without messages: error = %v, want ErrInvalidMessages", err)
+	}
+}
+
+func TestTokenizerWithoutChatTemplateRefusesChat(t *testing.T) {
+	files := variantFiles(t, findVariant(t, "qwen3"))
+	files.Config = nil
+	tok, err := NewHFTokenizer("bare", files, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tok.ApplyChatTemplate([]Message{{Role: "user", Content: "hi"}}, ChatOptions{}); !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("error = %v, want ErrNotSupported", err)
+	}
+}
+
+func TestRenameFilterOnlyTouchesFilterPositions(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"{{ x | tojson }}", "{{ x | " + tojsonName + " }}"},
+		{"{{x|tojson(indent=2)}}", "{{x|" + tojsonName + "(indent=2)}}"},
+		{"{%- set y = x|tojson -%}", "{%- set y = x|" + tojsonName + " -%}"},
+		{"text | tojson {{ 'a|tojson' }}", "text | tojson {{ 'a|tojson' }}"},
+		{"{# x | tojson #}{{ \"|tojson\" | tojson }}", "{# x | tojson #}{{ \"|tojson\" | " + tojsonName + " }}"},
+		{"{{ x | tojsonish }}", "{{ x | tojsonish }}"},
+		{"{ not a tag | tojson }", "{ not a tag | tojson }"},
+	}
+	for _, tt := range tests {
+		if got := renameFilter(tt.in, "tojson", tojsonName); got != tt.want {
+			t.Errorf("renameFilter(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestPythonFloatRepr(t *testing.T) {
+	tests := []struct {
+		f    float64
+		want string
+	}{
+		{0, "0.0"}, {1, "1.0"}, {-2.5, "-2.5"}, {0.1, "0.1"}, {1e-4, "0.0001"}, {1e-5, "1e-05"},
+		{1.5e-7, "1.5e-07"}, {1e15, "1000000000000000.0"}, {1e16, "1e+16"}, {1.2345e17, "1.2345e+17"},
+		{123456.789, "123456.789"}, {1e300, "1e+300"}, {2.5e-300, "2.5e-300"}, {1.0 / 3, "0.3333333333333333"},
+	}
+	for _, tt := range tests {
+		if got := pyFloatRepr(tt.f); got != tt.want {
+			t.Errorf("pyFloatRepr(%v) = %q, want %q", tt.f, got, tt.want)
+		}
+	}
+	if got := pyFloatRepr(-0.0 * 1); !strings.HasSuffix(got, "0.0") {
+		t.Errorf("pyFloatRepr(0) = %q", got)
+	}
+}

@@ -1,0 +1,206 @@
+#!/usr/bin/python3
+"""Renders the chat golden files of internal/tokenize with a real Jinja2.
+
+    apt-get install -y python3-jinja2
+    /usr/bin/python3 internal/tokenize/testdata/gen/chat.py [tokenizers-dir]
+
+For every case of ../chat/cases.json (OpenAI chat request fields) and every template
+(Qwen3's and Llama 3's chat_template from tokenizer_config.json, and ../chat/features.jinja
+rendered with Llama 3's special tokens), it writes ../chat/golden_<template>.json:
+{"generator": ..., "cases": {case name: {"prompt": text} or {"error": message}}}.
+
+The request is turned into template inputs the way vLLM does (vllm/entrypoints/chat_utils.py:
+content parts joined with "\\n", null content as "", tool-call arguments parsed from JSON,
+empty tool_calls dropped, reasoning copied to reasoning_content; tools as pydantic's
+model_dump of vLLM's request models) and rendered the way transformers'
+apply_chat_template does (ImmutableSandboxedEnvironment with trim_blocks and
+lstrip_blocks, loopcontrols, tojson = json.dumps(ensure_ascii=False), raise_exception,
+special tokens as variables, continue_final_message cut). This script is an independent
+model of those two programs: the Go code must agree with it.
+"""
+
+import json
+import os
+import sys
+from datetime import datetime
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHAT_DIR = os.path.join(HERE, "..", "chat")
+SPECIAL_TOKEN_ATTRIBUTES = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token", "additional_special_tokens"]
+
+
+def token_content(value):
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def special_tokens_map(config):
+    out = {}
+    for attr in SPECIAL_TOKEN_ATTRIBUTES:
+        value = config.get(attr)
+        if attr == "additional_special_tokens" and value:
+            value = [token_content(v) for v in value]
+        else:
+            value = token_content(value)
+        if value:
+            out[attr] = value
+    return out
+
+
+# --- vLLM: request messages -> conversation -------------------------------------------
+
+TEXT_PART_FIELDS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
+
+
+def parse_content(content):
+    if content is None:
+        parts = []
+    elif isinstance(content, str):
+        parts = [{"type": "text", "text": content}]
+    else:
+        parts = content
+    texts = []
+    for part in parts:
+        if isinstance(part, str):
+            text = part
+        else:
+            text = part.get(TEXT_PART_FIELDS[part["type"]])
+        if text:
+            texts.append(text)
+    return "\n".join(texts)
+
+
+def tool_call_param(call):
+    # pydantic validates the request's TypedDicts: keys in the TypedDict's field order.
+    return {"id": call.get("id"), "function": {"arguments": call["function"].get("arguments"), "name": call["function"]["name"]}, "type": call.get("type", "function")}
+
+
+def conversation(messages):
+    out = []
+    for m in messages:
+        role = m["role"]
+        msg = {"role": role, "content": parse_content(m.get("content"))}
+        if role == "assistant":
+            if m.get("tool_calls") is not None:
+                msg["tool_calls"] = [tool_call_param(c) for c in m["tool_calls"]]
+            if m.get("reasoning") is not None:
+                msg["reasoning"] = m["reasoning"]
+                msg["reasoning_content"] = m["reasoning"]
+        elif role == "tool":
+            if "tool_call_id" in m:
+                msg["tool_call_id"] = m["tool_call_id"]
+        if isinstance(m.get("name"), str):
+            msg["name"] = m["name"]
+        if role == "developer":
+            msg["tools"] = m.get("tools")
+        out.append(msg)
+    # _postprocess_messages
+    for msg in out:
+        if msg["role"] == "assistant" and isinstance(msg.get("tool_calls"), list):
+            if len(msg["tool_calls"]) == 0:
+                msg.pop("tool_calls")
+                continue
+            for item in msg["tool_calls"]:
+                args = item["function"].get("arguments")
+                if isinstance(args, str):
+                    try:
+                        item["function"]["arguments"] = json.loads(args)
+                    except json.JSONDecodeError:
+                        item["function"]["arguments"] = {}
+                elif not isinstance(args, (dict, list)):
+                    item["function"]["arguments"] = {}
+    return out
+
+
+def tool_dump(tool):
+    # ChatCompletionToolsParam(type, function: FunctionDefinition(name, description,
+    # parameters)) with extra fields allowed; model_dump() puts fields first, extras after.
+    fn = tool["function"]
+    fn_out = {"name": fn["name"], "description": fn.get("description"), "parameters": fn.get("parameters")}
+    for k, v in fn.items():
+        if k not in fn_out:
+            fn_out[k] = v
+    out = {"type": tool.get("type", "function"), "function": fn_out}
+    for k, v in tool.items():
+        if k not in out:
+            out[k] = v
+    return out
+
+
+# --- transformers: apply_chat_template ---------------------------------------------------
+
+def raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def strftime_now(format):
+    return datetime.now().strftime(format)
+
+
+def compile_template(source):
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(source)
+
+
+def apply_chat_template(template, specials, case):
+    chat = conversation(case["messages"])
+    tools = [tool_dump(t) for t in case["tools"]] if case.get("tools") is not None else None
+    kwargs = dict(specials)
+    kwargs.update(case.get("chat_template_kwargs") or {})
+    rendered = template.render(messages=chat, tools=tools, documents=None, add_generation_prompt=case.get("add_generation_prompt", False), **kwargs)
+    if case.get("continue_final_message"):
+        final = chat[-1]["content"]
+        if final.strip() not in rendered:
+            raise ValueError("continue_final_message is set but the final message does not appear in the chat")
+        loc = rendered.rindex(final.strip())
+        if rendered[loc : loc + len(final.lstrip())] == final:
+            rendered = rendered[: loc + len(final.lstrip())]
+        else:
+            rendered = rendered[: loc + len(final.strip())]
+    return rendered
+
+
+def main():
+    tok_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "..", "..", "..", ".cache", "tokenizers")
+    with open(os.path.join(CHAT_DIR, "cases.json"), encoding="utf-8") as f:
+        cases = json.load(f)
+    configs = {}
+    for model in ("qwen3", "llama3"):
+        with open(os.path.join(tok_dir, model, "tokenizer_config.json"), encoding="utf-8") as f:
+            configs[model] = json.load(f)
+    with open(os.path.join(CHAT_DIR, "features.jinja"), encoding="utf-8") as f:
+        features = f.read()
+    templates = {
+        "qwen3": (configs["qwen3"]["chat_template"], configs["qwen3"]),
+        "llama3": (configs["llama3"]["chat_template"], configs["llama3"]),
+        "features": (features, configs["llama3"]),
+    }
+    for name, (source, config) in templates.items():
+        template = compile_template(source)
+        specials = special_tokens_map(config)
+        golden = {"generator": "jinja2 %s (python %s)" % (jinja2.__version__, sys.version.split()[0]), "cases": {}}
+        for case in cases:
+            try:
+                golden["cases"][case["name"]] = {"prompt": apply_chat_template(template, specials, case)}
+            except Exception as e:  # the test only checks that Go fails too
+                golden["cases"][case["name"]] = {"error": "%s: %s" % (type(e).__name__, e)}
+        with open(os.path.join(CHAT_DIR, "golden_%s.json" % name), "w", encoding="utf-8") as f:
+            json.dump(golden, f, ensure_ascii=False, indent=1, sort_keys=True)
+            f.write("\n")
+        print("%s: %d cases" % (name, len(cases)))
+
+
+if __name__ == "__main__":
+    main()
