@@ -201,3 +201,54 @@ func TestWorkerSourcesAndConflicts(t *testing.T) {
 		t.Errorf("NewManager with an invalid workers file = %v, want ErrInvalidConfig", err)
 	}
 }
+
+// FuzzParseWorkerFlag: any --worker value either fails with ErrInvalidWorker or
+// gives a valid spec that formats back to itself.
+func FuzzParseWorkerFlag(f *testing.F) {
+	f.Add("id=w1,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,model=M,block-size=16,dp-size=2")
+	f.Add("id=p,model=m,topic=kv@p@m,label.zone=a,role=decode")
+	f.Add("id=,model==,=")
+	f.Fuzz(func(t *testing.T, s string) {
+		w, err := ParseWorkerFlag(s)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidWorker) {
+				t.Fatalf("ParseWorkerFlag(%q) error %v does not wrap ErrInvalidWorker", s, err)
+			}
+			return
+		}
+		if err := w.Validate(); err != nil {
+			t.Fatalf("ParseWorkerFlag(%q) returned an invalid spec: %v", s, err)
+		}
+		if strings.ContainsAny(w.String(), "\x00") {
+			return
+		}
+		back, err := ParseWorkerFlag(w.String())
+		if err == nil && !back.Equal(w) {
+			t.Fatalf("%q -> %+v -> %q -> %+v", s, w, w.String(), back)
+		}
+	})
+}
+
+// FuzzParseWorkers: any workers file either fails with ErrInvalidWorker or gives
+// valid, distinct workers.
+func FuzzParseWorkers(f *testing.F) {
+	f.Add([]byte("workers:\n  - id: w1\n    model: M\n    endpoint: tcp://h:1\n"))
+	f.Add([]byte("workers: [{id: a, model: b, dp-size: 3, labels: {x: y}}]"))
+	f.Add([]byte(""))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ws, err := ParseWorkers(data)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidWorker) {
+				t.Fatalf("error %v does not wrap ErrInvalidWorker", err)
+			}
+			return
+		}
+		seen := map[string]bool{}
+		for _, w := range ws {
+			if err := w.Validate(); err != nil || seen[w.ID] {
+				t.Fatalf("ParseWorkers returned %+v (valid: %v, duplicate: %v)", w, err, seen[w.ID])
+			}
+			seen[w.ID] = true
+		}
+	})
+}
