@@ -127,7 +127,7 @@ func (f *workerFlag) Set(v string) error {
 func registerFlags(fs *flag.FlagSet, cfg *Config, replaceWorkers bool) {
 	in := &cfg.Ingest
 	fs.String("config", "", "YAML `file` of flag values (keys are flag names; worker is a list); flags and KVINDEX_* variables override it")
-	fs.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's id (default: the host name)")
+	fs.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's id (defaults to the host name)")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data `directory` (Raft log and snapshots once replication lands; a single node keeps the index in memory)")
 	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "gRPC listen `host:port` (validated; the gRPC API is not served yet)")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "HTTP listen `host:port`: /metrics, /healthz, /readyz, /workers (port 0 picks a free one)")
@@ -136,10 +136,10 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceWorkers bool) {
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 
-	fs.Func("kv-event-transport", "how KV events arrive: zmq (dial workers' PUB sockets and/or --zmq-bind) or nats (default "+string(in.Transport)+")",
+	fs.Func("kv-event-transport", "how KV events arrive: `zmq|nats` (zmq: dial workers' PUB sockets and/or --zmq-bind) (default "+string(in.Transport)+")",
 		func(v string) error { in.Transport = ingest.Transport(v); return nil })
 	fs.Var(&workerFlag{list: &in.Workers, replaceOld: replaceWorkers}, "worker",
-		"a worker, repeatable: `id=w1,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,model=M,block-size=16,dp-size=2` (also topic, http, role, label.<k>)")
+		"a worker to dial, repeatable, as `k=v,...`: id=w1,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,model=M,block-size=16,dp-size=2 (also topic, http, role, label.<k>)")
 	fs.StringVar(&in.WorkersFile, "workers-file", in.WorkersFile, "YAML `file` of workers (workers: [{id, model, endpoint, replay, block-size, dp-size, topic}]), re-read when it changes")
 	fs.StringVar(&in.ZMQBind, "zmq-bind", in.ZMQBind, "bind a SUB socket engines connect to, e.g. tcp://*:5557; the worker and model come from the topic kv@<pod>@<model>")
 	fs.StringVar(&in.NATSURL, "nats-url", in.NATSURL, "NATS server `url` (with --kv-event-transport nats)")
