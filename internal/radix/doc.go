@@ -64,7 +64,9 @@
 // contiguously on any tier, and PerTier[t] = how many of those blocks have t as
 // their fastest held tier (GPU < CPU < Disk), so PerTier sums to Blocks. Only
 // workers with Blocks > 0 are returned, sorted by WorkerKey. Cost: O(depth x
-// holders of the visited nodes); it does not allocate when dst has room.
+// holders of the visited nodes) at worst; a run of nodes held by the same workers
+// on the same tiers (a prompt cached whole) costs one comparison per node. It does
+// not allocate when dst has room.
 //
 // # Snapshots and digest
 //
