@@ -216,8 +216,10 @@ func (h mergeHeap) pop() (mergeEntry, mergeHeap) {
 }
 
 // wordCache memoizes the ids of words that are not single tokens. It is sharded to
-// keep lock hold times short under concurrent encoders; a full shard is emptied, which
-// is cheap and keeps memory bounded (the words of real text recur quickly).
+// keep lock hold times short under concurrent encoders; a shard that reaches its byte
+// budget is emptied, which is cheap and keeps memory bounded (the words of real text
+// recur quickly, and a long run of spaces or letters is worth keeping: merging it is
+// O(n log n) with a map lookup per step).
 type wordCache struct {
 	seed   maphash.Seed
 	shards [wordCacheShards]wordCacheShard
@@ -225,16 +227,18 @@ type wordCache struct {
 
 const (
 	wordCacheShards = 16
-	// wordCacheShardWords bounds each shard; 16 × 4096 words of a few ids each is a
-	// few megabytes.
-	wordCacheShardWords = 4096
-	// wordCacheMaxLen keeps long words (whitespace runs, garbage) out of the cache.
-	wordCacheMaxLen = 64
+	// wordCacheShardBytes bounds each shard's words and ids: 16 shards of 512 KiB.
+	wordCacheShardBytes = 512 << 10
+	// wordCacheMaxLen keeps huge words (a megabyte of one letter) out of the cache.
+	wordCacheMaxLen = 16 << 10
+	// wordCacheEntryBytes approximates a map entry's own size.
+	wordCacheEntryBytes = 48
 )
 
 type wordCacheShard struct {
 	mu    sync.RWMutex
 	words map[string][]uint32
+	bytes int
 }
 
 func newWordCache() *wordCache {
@@ -265,11 +269,14 @@ func (c *wordCache) put(word string, ids []uint32) {
 	if len(word) > wordCacheMaxLen {
 		return
 	}
+	size := len(word) + 4*len(ids) + wordCacheEntryBytes
 	sh := c.shard(word)
 	sh.mu.Lock()
-	if len(sh.words) >= wordCacheShardWords {
+	if sh.bytes+size > wordCacheShardBytes {
 		clear(sh.words)
+		sh.bytes = 0
 	}
 	sh.words[strings.Clone(word)] = ids
+	sh.bytes += size
 	sh.mu.Unlock()
 }

@@ -60,9 +60,7 @@ func chatTemplateTokenizer(t testing.TB, template string) *HFTokenizer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	files := variantFiles(t, findVariant(t, "llama3"))
-	files.ChatTemplate = src
-	tok, err := NewHFTokenizer("features", files, Options{})
+	tok, err := variantTokenizer(t, "llama3").WithChatTemplate(string(src))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,14 +140,22 @@ func TestChatTemplateRejectsContradictoryOptions(t *testing.T) {
 }
 
 func TestTokenizerWithoutChatTemplateRefusesChat(t *testing.T) {
-	files := variantFiles(t, findVariant(t, "qwen3"))
-	files.Config = nil
-	tok, err := NewHFTokenizer("bare", files, Options{})
+	tok, err := newTiny(t, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tok.ApplyChatTemplate([]Message{{Role: "user", Content: "hi"}}, ChatOptions{}); !errors.Is(err, ErrNotSupported) {
 		t.Fatalf("error = %v, want ErrNotSupported", err)
+	}
+	if _, err := tok.WithChatTemplate("{% for %}"); !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("WithChatTemplate(bad source) error = %v, want ErrNotSupported", err)
+	}
+	withTemplate, err := tok.WithChatTemplate("{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := withTemplate.ApplyChatTemplate([]Message{{Role: "user", Content: "hi"}}, ChatOptions{}); err != nil || got != "user:hi;" {
+		t.Fatalf("ApplyChatTemplate = %q, %v; want user:hi;", got, err)
 	}
 }
 

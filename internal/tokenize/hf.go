@@ -29,6 +29,14 @@ import (
 //
 // It is safe for concurrent use.
 type HFTokenizer struct {
+	*hfModel
+	cache  *Cache
+	states sync.Pool
+}
+
+// hfModel is the immutable part of a tokenizer, shared by the tokenizers WithCache and
+// WithChatTemplate derive.
+type hfModel struct {
 	model string
 	nfc   bool
 	// addedRaw and addedNormalized match the added tokens of steps 1 and 2; either
@@ -39,14 +47,13 @@ type HFTokenizer struct {
 	bpe                       *bpe
 	prefix, suffix            []uint32
 	vocabSize                 int
-	// The bytes model token id decodes to are tokenBytes[tokenOffsets[id]:tokenOffsets[id+1]];
+	// The bytes id decodes to are tokenBytes[tokenOffsets[id]:tokenOffsets[id+1]];
 	// tokenKinds tells model tokens, added tokens and unused ids apart.
 	tokenBytes   []byte
 	tokenOffsets []uint32
 	tokenKinds   []uint8
+	config       *tokenizerConfig
 	chat         *chatTemplate
-	cache        *Cache
-	states       sync.Pool
 }
 
 var _ Tokenizer = (*HFTokenizer)(nil)
@@ -113,7 +120,7 @@ func NewHFTokenizer(model string, files HFFiles, opts Options) (*HFTokenizer, er
 	if err != nil {
 		return nil, err
 	}
-	t := &HFTokenizer{model: model, cache: opts.Cache}
+	t := &hfModel{model: model, config: cfg}
 	if t.nfc, err = parseNormalizer(tf.Normalizer); err != nil {
 		return nil, err
 	}
@@ -140,15 +147,39 @@ func NewHFTokenizer(model string, files HFFiles, opts Options) (*HFTokenizer, er
 	if t.chat, err = newChatTemplate(cfg, files.ChatTemplate); err != nil {
 		return nil, err
 	}
+	return newHFTokenizer(t, opts.Cache), nil
+}
+
+func newHFTokenizer(m *hfModel, cache *Cache) *HFTokenizer {
+	t := &HFTokenizer{hfModel: m, cache: cache}
 	t.states.New = func() any { return new(encodeState) }
-	return t, nil
+	return t
+}
+
+// WithCache returns a tokenizer that shares t's tables and memoizes segments in cache
+// (nil: none).
+func (t *HFTokenizer) WithCache(cache *Cache) *HFTokenizer {
+	return newHFTokenizer(t.hfModel, cache)
+}
+
+// WithChatTemplate returns a tokenizer that shares t's tables and renders chats with
+// the given Jinja source instead of the file's template (as vLLM's --chat-template
+// does). A template that does not compile is an error wrapping ErrNotSupported.
+func (t *HFTokenizer) WithChatTemplate(source string) (*HFTokenizer, error) {
+	chat, err := newChatTemplate(t.config, []byte(source))
+	if err != nil {
+		return nil, err
+	}
+	m := *t.hfModel
+	m.chat = chat
+	return newHFTokenizer(&m, t.cache), nil
 }
 
 // buildDecodeTables lays out the bytes every id decodes to. Like Hugging Face's
 // ByteLevel decoder, a token whose characters all spell bytes decodes to those bytes and
 // any other token to its own UTF-8; added tokens go through the same mapping (as they
 // do in Hugging Face's decode), with the content they are matched by.
-func (t *HFTokenizer) buildDecodeTables(tokens []string) {
+func (t *hfModel) buildDecodeTables(tokens []string) {
 	size := len(tokens)
 	for id := range t.added {
 		size = max(size, int(id)+1)
@@ -175,7 +206,7 @@ func (t *HFTokenizer) buildDecodeTables(tokens []string) {
 
 // applyConfigPostProcessor does what transformers' LlamaTokenizerFast does on load:
 // it replaces the post-processor with BOS/EOS per add_bos_token and add_eos_token.
-func (t *HFTokenizer) applyConfigPostProcessor(cfg *tokenizerConfig) error {
+func (t *hfModel) applyConfigPostProcessor(cfg *tokenizerConfig) error {
 	if cfg.TokenizerClass != "LlamaTokenizerFast" {
 		return nil
 	}
@@ -203,7 +234,7 @@ func (t *HFTokenizer) applyConfigPostProcessor(cfg *tokenizerConfig) error {
 	return nil
 }
 
-func (t *HFTokenizer) addedID(content string) (uint32, bool) {
+func (t *hfModel) addedID(content string) (uint32, bool) {
 	for id, tok := range t.added {
 		if tok.content == content {
 			return id, true
