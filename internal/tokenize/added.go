@@ -16,7 +16,6 @@ type addedToken struct {
 	// pattern is what the token matches: its content, NFC-normalized when the token
 	// is matched after normalization.
 	pattern string
-	special bool
 	// lstrip and rstrip extend a match over the whitespace before / after it.
 	lstrip, rstrip bool
 }
@@ -33,16 +32,15 @@ type addedMatcher struct {
 	onlyFirst int
 }
 
-// newAddedMatcher returns nil when there is nothing to match. patterns[i] is what
-// tokens[i] matches (its content, normalized when the token is).
-func newAddedMatcher(tokens []addedToken, patterns []string) *addedMatcher {
+// newAddedMatcher returns nil when there is nothing to match.
+func newAddedMatcher(tokens []addedToken) *addedMatcher {
 	m := &addedMatcher{onlyFirst: -1}
-	for i, p := range patterns {
-		if p == "" {
+	for _, tok := range tokens {
+		if tok.pattern == "" {
 			continue
 		}
-		m.tokens = append(m.tokens, tokens[i])
-		m.patterns = append(m.patterns, p)
+		m.tokens = append(m.tokens, tok)
+		m.patterns = append(m.patterns, tok.pattern)
 	}
 	if len(m.patterns) == 0 {
 		return nil

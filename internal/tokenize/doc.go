@@ -1,17 +1,31 @@
-// Package tokenize owns the text <-> token-id boundary of kvindex: the Tokenizer
-// interface, the OpenAI chat message types a chat template renders, a registry that
-// maps model names to tokenizers, and the `--tokenizer <model>=<dir>` flag syntax.
+// Package tokenize owns the text <-> token-id boundary of kvindex: prompts must become
+// exactly the token ids the engine computes, or block keys never match the engine's.
 //
-// Two implementations plug into the same interface:
-//   - Builtin, a deterministic byte-level tokenizer with ChatML-style special tokens,
-//     used by the fake engine and by tests. It is exactly reversible:
-//     Decode(Encode(s, false)) == s for every string s, valid UTF-8 or not.
-//   - a Hugging Face tokenizer.json + chat-template loader (a later issue). Until it
-//     lands, Load reports ErrNotSupported for a directory.
+// It provides the Tokenizer interface, the OpenAI chat message types, a Registry that
+// maps model names to tokenizers with the `--tokenizer <model>=<dir>` flag syntax, and
+// two implementations:
 //
-// Token ids are uint32 everywhere (docs/contracts.md).
+//   - HFTokenizer: a Hugging Face tokenizer.json (byte-level BPE: Qwen2/2.5/3, Llama 3.x,
+//     DeepSeek-V3 and alike) with the chat template of tokenizer_config.json. Encode
+//     gives the ids Hugging Face's tokenizers library gives (golden tests against its
+//     output on the real Qwen3 and Llama 3 files); ApplyChatTemplate renders a chat
+//     request as vLLM does (its message pre-processing, then transformers'
+//     apply_chat_template semantics through github.com/ardanlabs/jinja, golden tests
+//     against Jinja2). As in vLLM, chat prompts are encoded with addSpecialTokens false
+//     and /v1/completions prompts with true. Files using anything else (another
+//     model type, normalizer, pre-tokenizer, decoder) are refused with ErrNotSupported
+//     rather than encoded differently.
+//   - Builtin: a deterministic byte-level tokenizer with ChatML special tokens, for the
+//     fake engine, tests and the demo. Decode(Encode(s, false)) == s for any s.
 //
-// Concurrency: Tokenizer implementations must be safe for concurrent use; Builtin
-// holds no mutable state. Registry is safe for concurrent use (reads never block
-// each other).
+// Cache memoizes token ids per text segment (the text between added tokens, e.g. one
+// chat message) and whole-prompt block keys, in a byte budget (ristretto), with
+// Prometheus hit/miss counters.
+//
+// It never fetches files, starts goroutines (except ristretto's, owned by a Cache) or
+// logs. Token ids are uint32 everywhere (docs/contracts.md).
+//
+// Concurrency: Tokenizer implementations and Cache are safe for concurrent use;
+// HFTokenizer's tables are immutable after load and its word cache is sharded behind
+// locks. Registry is safe for concurrent use (reads never block each other).
 package tokenize

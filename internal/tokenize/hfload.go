@@ -34,7 +34,6 @@ type addedTokenJSON struct {
 	LStrip     bool   `json:"lstrip"`
 	RStrip     bool   `json:"rstrip"`
 	Normalized bool   `json:"normalized"`
-	Special    bool   `json:"special"`
 }
 
 type bpeModelJSON struct {
@@ -396,21 +395,20 @@ func checkDecoder(raw json.RawMessage) error {
 func parseAddedTokens(list []addedTokenJSON, nfc bool) (raw, normalized *addedMatcher, byID map[uint32]addedToken, err error) {
 	byID = make(map[uint32]addedToken, len(list))
 	var rawToks, normToks []addedToken
-	var rawPats, normPats []string
 	for _, a := range list {
 		if a.SingleWord {
 			return nil, nil, nil, fmt.Errorf("%w: added token %q with single_word", ErrNotSupported, a.Content)
 		}
-		tok := addedToken{id: a.ID, content: a.Content, pattern: a.Content, special: a.Special, lstrip: a.LStrip, rstrip: a.RStrip}
+		tok := addedToken{id: a.ID, content: a.Content, pattern: a.Content, lstrip: a.LStrip, rstrip: a.RStrip}
 		if a.Normalized && nfc {
 			tok.pattern = norm.NFC.String(a.Content)
 		}
 		byID[a.ID] = tok
 		if a.Normalized {
-			normToks, normPats = append(normToks, tok), append(normPats, tok.pattern)
+			normToks = append(normToks, tok)
 		} else {
-			rawToks, rawPats = append(rawToks, tok), append(rawPats, tok.pattern)
+			rawToks = append(rawToks, tok)
 		}
 	}
-	return newAddedMatcher(rawToks, rawPats), newAddedMatcher(normToks, normPats), byID, nil
+	return newAddedMatcher(rawToks), newAddedMatcher(normToks), byID, nil
 }
