@@ -103,7 +103,7 @@ func DefaultConfig() Config {
 		LeaderLeaseTimeout: 500 * time.Millisecond,
 		CommitTimeout:      50 * time.Millisecond,
 		MaxAppendEntries:   512,
-		BatchApplyCh:       false,
+		BatchApplyCh:       true,
 		LogCacheSize:       1024,
 		TransportMaxPool:   3,
 		TransportTimeout:   10 * time.Second,
