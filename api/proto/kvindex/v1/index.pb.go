@@ -1463,7 +1463,12 @@ type IndexChange struct {
 	// first block is at the root of the prompt.
 	ParentSequenceHash *uint64 `protobuf:"varint,10,opt,name=parent_sequence_hash,json=parentSequenceHash,proto3,oneof" json:"parent_sequence_hash,omitempty"`
 	// Raft log index of the entry that carried the change.
-	AppliedIndex  uint64 `protobuf:"varint,11,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	AppliedIndex uint64 `protobuf:"varint,11,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	// kvblock namespace id of the blocks (STORED and REMOVED): the hash of
+	// (model, lora_name, cache_salt). It is always set, while lora_name and
+	// cache_salt are set only when the replica can name the namespace (see
+	// docs/api.md); compare it with the id of the namespace you query.
+	NamespaceId   uint64 `protobuf:"varint,12,opt,name=namespace_id,json=namespaceId,proto3" json:"namespace_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1575,6 +1580,124 @@ func (x *IndexChange) GetAppliedIndex() uint64 {
 	return 0
 }
 
+func (x *IndexChange) GetNamespaceId() uint64 {
+	if x != nil {
+		return x.NamespaceId
+	}
+	return 0
+}
+
+// DumpRequest selects which holders to dump.
+type DumpRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only blocks of these workers; empty for all.
+	Workers []string `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	// Only blocks of workers registered for this model; empty for all.
+	Model         string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DumpRequest) Reset() {
+	*x = DumpRequest{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DumpRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DumpRequest) ProtoMessage() {}
+
+func (x *DumpRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DumpRequest.ProtoReflect.Descriptor instead.
+func (*DumpRequest) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *DumpRequest) GetWorkers() []string {
+	if x != nil {
+		return x.Workers
+	}
+	return nil
+}
+
+func (x *DumpRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+// DumpResponse carries part of a dump; a dump is the concatenation of the
+// changes of every message of the stream.
+type DumpResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// STORED changes, parents before children.
+	Changes []*IndexChange `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	// Raft log index of the state dumped; the same in every message of a stream.
+	AppliedIndex  uint64 `protobuf:"varint,2,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DumpResponse) Reset() {
+	*x = DumpResponse{}
+	mi := &file_kvindex_v1_index_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DumpResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DumpResponse) ProtoMessage() {}
+
+func (x *DumpResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kvindex_v1_index_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DumpResponse.ProtoReflect.Descriptor instead.
+func (*DumpResponse) Descriptor() ([]byte, []int) {
+	return file_kvindex_v1_index_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DumpResponse) GetChanges() []*IndexChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+func (x *DumpResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
 var File_kvindex_v1_index_proto protoreflect.FileDescriptor
 
 const file_kvindex_v1_index_proto_rawDesc = "" +
@@ -1679,7 +1802,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\aworkers\x18\x01 \x03(\tR\aworkers\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\"B\n" +
 	"\rWatchResponse\x121\n" +
-	"\achanges\x18\x01 \x03(\v2\x17.kvindex.v1.IndexChangeR\achanges\"\xa3\x03\n" +
+	"\achanges\x18\x01 \x03(\v2\x17.kvindex.v1.IndexChangeR\achanges\"\xc6\x03\n" +
 	"\vIndexChange\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x17\n" +
 	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12*\n" +
@@ -1693,8 +1816,15 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\flocal_hashes\x18\t \x03(\x04R\vlocalHashes\x125\n" +
 	"\x14parent_sequence_hash\x18\n" +
 	" \x01(\x04H\x00R\x12parentSequenceHash\x88\x01\x01\x12#\n" +
-	"\rapplied_index\x18\v \x01(\x04R\fappliedIndexB\x17\n" +
-	"\x15_parent_sequence_hash*_\n" +
+	"\rapplied_index\x18\v \x01(\x04R\fappliedIndex\x12!\n" +
+	"\fnamespace_id\x18\f \x01(\x04R\vnamespaceIdB\x17\n" +
+	"\x15_parent_sequence_hash\"=\n" +
+	"\vDumpRequest\x12\x18\n" +
+	"\aworkers\x18\x01 \x03(\tR\aworkers\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\"f\n" +
+	"\fDumpResponse\x121\n" +
+	"\achanges\x18\x01 \x03(\v2\x17.kvindex.v1.IndexChangeR\achanges\x12#\n" +
+	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex*_\n" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CONSISTENCY_LOCAL\x10\x01\x12\x1c\n" +
@@ -1714,13 +1844,14 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x12CHANGE_KIND_STORED\x10\x01\x12\x17\n" +
 	"\x13CHANGE_KIND_REMOVED\x10\x02\x12\x17\n" +
 	"\x13CHANGE_KIND_CLEARED\x10\x03\x12\x1e\n" +
-	"\x1aCHANGE_KIND_WORKER_REMOVED\x10\x042\xde\x02\n" +
+	"\x1aCHANGE_KIND_WORKER_REMOVED\x10\x042\x9b\x03\n" +
 	"\fIndexService\x12<\n" +
 	"\x05Score\x12\x18.kvindex.v1.ScoreRequest\x1a\x19.kvindex.v1.ScoreResponse\x12N\n" +
 	"\vQueryByHash\x12\x1e.kvindex.v1.QueryByHashRequest\x1a\x1f.kvindex.v1.QueryByHashResponse\x12B\n" +
 	"\aWorkers\x12\x1a.kvindex.v1.WorkersRequest\x1a\x1b.kvindex.v1.WorkersResponse\x12<\n" +
 	"\x05Stats\x12\x18.kvindex.v1.StatsRequest\x1a\x19.kvindex.v1.StatsResponse\x12>\n" +
-	"\x05Watch\x12\x18.kvindex.v1.WatchRequest\x1a\x19.kvindex.v1.WatchResponse0\x01B;Z9github.com/kvindex/kvindex/api/proto/kvindex/v1;kvindexv1b\x06proto3"
+	"\x05Watch\x12\x18.kvindex.v1.WatchRequest\x1a\x19.kvindex.v1.WatchResponse0\x01\x12;\n" +
+	"\x04Dump\x12\x17.kvindex.v1.DumpRequest\x1a\x18.kvindex.v1.DumpResponse0\x01B;Z9github.com/kvindex/kvindex/api/proto/kvindex/v1;kvindexv1b\x06proto3"
 
 var (
 	file_kvindex_v1_index_proto_rawDescOnce sync.Once
@@ -1735,7 +1866,7 @@ func file_kvindex_v1_index_proto_rawDescGZIP() []byte {
 }
 
 var file_kvindex_v1_index_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_kvindex_v1_index_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_kvindex_v1_index_proto_goTypes = []any{
 	(Consistency)(0),            // 0: kvindex.v1.Consistency
 	(Tier)(0),                   // 1: kvindex.v1.Tier
@@ -1757,8 +1888,10 @@ var file_kvindex_v1_index_proto_goTypes = []any{
 	(*WatchRequest)(nil),        // 17: kvindex.v1.WatchRequest
 	(*WatchResponse)(nil),       // 18: kvindex.v1.WatchResponse
 	(*IndexChange)(nil),         // 19: kvindex.v1.IndexChange
-	nil,                         // 20: kvindex.v1.StatsResponse.CountersEntry
-	(*WorkerInfo)(nil),          // 21: kvindex.v1.WorkerInfo
+	(*DumpRequest)(nil),         // 20: kvindex.v1.DumpRequest
+	(*DumpResponse)(nil),        // 21: kvindex.v1.DumpResponse
+	nil,                         // 22: kvindex.v1.StatsResponse.CountersEntry
+	(*WorkerInfo)(nil),          // 23: kvindex.v1.WorkerInfo
 }
 var file_kvindex_v1_index_proto_depIdxs = []int32{
 	5,  // 0: kvindex.v1.ScoreRequest.messages:type_name -> kvindex.v1.ChatMessage
@@ -1771,26 +1904,29 @@ var file_kvindex_v1_index_proto_depIdxs = []int32{
 	0,  // 7: kvindex.v1.QueryByHashRequest.consistency:type_name -> kvindex.v1.Consistency
 	9,  // 8: kvindex.v1.QueryByHashResponse.scores:type_name -> kvindex.v1.WorkerScore
 	0,  // 9: kvindex.v1.WorkersRequest.consistency:type_name -> kvindex.v1.Consistency
-	21, // 10: kvindex.v1.WorkersResponse.workers:type_name -> kvindex.v1.WorkerInfo
-	20, // 11: kvindex.v1.StatsResponse.counters:type_name -> kvindex.v1.StatsResponse.CountersEntry
+	23, // 10: kvindex.v1.WorkersResponse.workers:type_name -> kvindex.v1.WorkerInfo
+	22, // 11: kvindex.v1.StatsResponse.counters:type_name -> kvindex.v1.StatsResponse.CountersEntry
 	19, // 12: kvindex.v1.WatchResponse.changes:type_name -> kvindex.v1.IndexChange
 	3,  // 13: kvindex.v1.IndexChange.kind:type_name -> kvindex.v1.ChangeKind
 	1,  // 14: kvindex.v1.IndexChange.tier:type_name -> kvindex.v1.Tier
-	4,  // 15: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
-	11, // 16: kvindex.v1.IndexService.QueryByHash:input_type -> kvindex.v1.QueryByHashRequest
-	13, // 17: kvindex.v1.IndexService.Workers:input_type -> kvindex.v1.WorkersRequest
-	15, // 18: kvindex.v1.IndexService.Stats:input_type -> kvindex.v1.StatsRequest
-	17, // 19: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
-	8,  // 20: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
-	12, // 21: kvindex.v1.IndexService.QueryByHash:output_type -> kvindex.v1.QueryByHashResponse
-	14, // 22: kvindex.v1.IndexService.Workers:output_type -> kvindex.v1.WorkersResponse
-	16, // 23: kvindex.v1.IndexService.Stats:output_type -> kvindex.v1.StatsResponse
-	18, // 24: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
-	20, // [20:25] is the sub-list for method output_type
-	15, // [15:20] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	19, // 15: kvindex.v1.DumpResponse.changes:type_name -> kvindex.v1.IndexChange
+	4,  // 16: kvindex.v1.IndexService.Score:input_type -> kvindex.v1.ScoreRequest
+	11, // 17: kvindex.v1.IndexService.QueryByHash:input_type -> kvindex.v1.QueryByHashRequest
+	13, // 18: kvindex.v1.IndexService.Workers:input_type -> kvindex.v1.WorkersRequest
+	15, // 19: kvindex.v1.IndexService.Stats:input_type -> kvindex.v1.StatsRequest
+	17, // 20: kvindex.v1.IndexService.Watch:input_type -> kvindex.v1.WatchRequest
+	20, // 21: kvindex.v1.IndexService.Dump:input_type -> kvindex.v1.DumpRequest
+	8,  // 22: kvindex.v1.IndexService.Score:output_type -> kvindex.v1.ScoreResponse
+	12, // 23: kvindex.v1.IndexService.QueryByHash:output_type -> kvindex.v1.QueryByHashResponse
+	14, // 24: kvindex.v1.IndexService.Workers:output_type -> kvindex.v1.WorkersResponse
+	16, // 25: kvindex.v1.IndexService.Stats:output_type -> kvindex.v1.StatsResponse
+	18, // 26: kvindex.v1.IndexService.Watch:output_type -> kvindex.v1.WatchResponse
+	21, // 27: kvindex.v1.IndexService.Dump:output_type -> kvindex.v1.DumpResponse
+	22, // [22:28] is the sub-list for method output_type
+	16, // [16:22] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_index_proto_init() }
@@ -1807,7 +1943,7 @@ func file_kvindex_v1_index_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvindex_v1_index_proto_rawDesc), len(file_kvindex_v1_index_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const (
 	IndexService_Workers_FullMethodName     = "/kvindex.v1.IndexService/Workers"
 	IndexService_Stats_FullMethodName       = "/kvindex.v1.IndexService/Stats"
 	IndexService_Watch_FullMethodName       = "/kvindex.v1.IndexService/Watch"
+	IndexService_Dump_FullMethodName        = "/kvindex.v1.IndexService/Dump"
 )
 
 // IndexServiceClient is the client API for IndexService service.
@@ -48,6 +49,12 @@ type IndexServiceClient interface {
 	// keep a local view. Changes arrive in applied_index order. A watcher that falls
 	// too far behind is ended with RESOURCE_EXHAUSTED and must start over.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
+	// Dump streams the whole index of this replica as STORED changes, one per
+	// (block, worker, dp rank, tier), parents before children, so that applying
+	// them in order rebuilds the index. A router keeping a local view starts a
+	// Watch first, then a Dump, and drops watched changes at or below the dump's
+	// applied_index.
+	Dump(ctx context.Context, in *DumpRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DumpResponse], error)
 }
 
 type indexServiceClient struct {
@@ -117,6 +124,25 @@ func (c *indexServiceClient) Watch(ctx context.Context, in *WatchRequest, opts .
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type IndexService_WatchClient = grpc.ServerStreamingClient[WatchResponse]
 
+func (c *indexServiceClient) Dump(ctx context.Context, in *DumpRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DumpResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &IndexService_ServiceDesc.Streams[1], IndexService_Dump_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DumpRequest, DumpResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type IndexService_DumpClient = grpc.ServerStreamingClient[DumpResponse]
+
 // IndexServiceServer is the server API for IndexService service.
 // All implementations must embed UnimplementedIndexServiceServer
 // for forward compatibility.
@@ -139,6 +165,12 @@ type IndexServiceServer interface {
 	// keep a local view. Changes arrive in applied_index order. A watcher that falls
 	// too far behind is ended with RESOURCE_EXHAUSTED and must start over.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
+	// Dump streams the whole index of this replica as STORED changes, one per
+	// (block, worker, dp rank, tier), parents before children, so that applying
+	// them in order rebuilds the index. A router keeping a local view starts a
+	// Watch first, then a Dump, and drops watched changes at or below the dump's
+	// applied_index.
+	Dump(*DumpRequest, grpc.ServerStreamingServer[DumpResponse]) error
 	mustEmbedUnimplementedIndexServiceServer()
 }
 
@@ -163,6 +195,9 @@ func (UnimplementedIndexServiceServer) Stats(context.Context, *StatsRequest) (*S
 }
 func (UnimplementedIndexServiceServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedIndexServiceServer) Dump(*DumpRequest, grpc.ServerStreamingServer[DumpResponse]) error {
+	return status.Error(codes.Unimplemented, "method Dump not implemented")
 }
 func (UnimplementedIndexServiceServer) mustEmbedUnimplementedIndexServiceServer() {}
 func (UnimplementedIndexServiceServer) testEmbeddedByValue()                      {}
@@ -268,6 +303,17 @@ func _IndexService_Watch_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type IndexService_WatchServer = grpc.ServerStreamingServer[WatchResponse]
 
+func _IndexService_Dump_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(DumpRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(IndexServiceServer).Dump(m, &grpc.GenericServerStream[DumpRequest, DumpResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type IndexService_DumpServer = grpc.ServerStreamingServer[DumpResponse]
+
 // IndexService_ServiceDesc is the grpc.ServiceDesc for IndexService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -296,6 +342,11 @@ var IndexService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Watch",
 			Handler:       _IndexService_Watch_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Dump",
+			Handler:       _IndexService_Dump_Handler,
 			ServerStreams: true,
 		},
 	},
