@@ -15,7 +15,7 @@ func TestHolderStatsCountTiersAndAliasesOnce(t *testing.T) {
 		}
 	}
 	mustStore(a, 0, false, []uint64{1, 2, 3}, []uint64{10, 20, 30}, TierGPU)
-	mustStore(a, 1, true, []uint64{2}, []uint64{20}, TierCPU) // block 2 now on GPU and CPU
+	mustStore(a, 1, true, []uint64{2}, []uint64{20}, TierCPU)   // block 2 now on GPU and CPU
 	mustStore(a, 0, false, []uint64{4}, []uint64{10}, TierDisk) // alias of block 1's node
 	mustStore(a, 99, true, []uint64{5}, []uint64{50}, TierGPU)  // detached
 	mustStore(b, 0, false, []uint64{1}, []uint64{10}, TierCPU)
