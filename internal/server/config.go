@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/envflag"
 	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/tokenize"
 )
 
 // EnvPrefix prefixes the environment variable of every indexer flag: --http-addr is
@@ -32,11 +33,25 @@ type Config struct {
 	NodeID string
 	// DataDir is the node's data directory (Raft log and snapshots, from the
 	// replication issue on); a single node keeps its index in memory.
-	DataDir string
-	// GRPCAddr is validated now and served from the API issue on.
+	DataDir      string
 	GRPCAddr     string
 	HTTPAddr     string
 	MaxBodyBytes int64
+	// MaxPromptTokens bounds the tokens of a prompt and the hashes of a query.
+	MaxPromptTokens int
+	// TLSCert and TLSKey serve gRPC and REST over TLS; with TLSClientCA clients
+	// must present a certificate signed by it (mTLS).
+	TLSCert, TLSKey, TLSClientCA string
+	// AdminToken, when set, is required as a bearer token by register,
+	// unregister, join, leave and snapshot.
+	AdminToken string
+	// Tokenizers are the --tokenizer <model>=<dir> values ("builtin" as dir
+	// selects the byte-level tokenizer of the fake engine); FallbackTokenizer
+	// ("" or "builtin") serves models without one.
+	Tokenizers        tokenize.Specs
+	FallbackTokenizer string
+	// WatchBuffer is how many batches of changes a Watch stream may fall behind.
+	WatchBuffer int
 	// QueueCapacity is the single-node apply queue, in batches.
 	QueueCapacity int
 	LogLevel      string
@@ -53,15 +68,17 @@ func DefaultConfig() Config {
 		host = "indexer-0"
 	}
 	return Config{
-		NodeID:        host,
-		DataDir:       "data",
-		GRPCAddr:      "127.0.0.1:7070",
-		HTTPAddr:      "127.0.0.1:7080",
-		MaxBodyBytes:  4 << 20,
-		QueueCapacity: ingest.DefaultQueueCapacity,
-		LogLevel:      "info",
-		LogFormat:     "text",
-		Ingest:        ingest.DefaultManagerConfig(),
+		NodeID:          host,
+		DataDir:         "data",
+		GRPCAddr:        "127.0.0.1:7070",
+		HTTPAddr:        "127.0.0.1:7080",
+		MaxBodyBytes:    4 << 20,
+		MaxPromptTokens: DefaultMaxPromptTokens,
+		WatchBuffer:     DefaultWatchBuffer,
+		QueueCapacity:   ingest.DefaultQueueCapacity,
+		LogLevel:        "info",
+		LogFormat:       "text",
+		Ingest:          ingest.DefaultManagerConfig(),
 	}
 }
 
@@ -80,6 +97,16 @@ func (c *Config) Validate() error {
 		return invalid("--max-body-bytes=%d must be at least 1024", c.MaxBodyBytes)
 	case c.QueueCapacity < 1:
 		return invalid("--ingest-queue=%d must be at least 1", c.QueueCapacity)
+	case c.MaxPromptTokens < 1:
+		return invalid("--max-prompt-tokens=%d must be at least 1", c.MaxPromptTokens)
+	case c.WatchBuffer < 1:
+		return invalid("--watch-buffer=%d must be at least 1", c.WatchBuffer)
+	case (c.TLSCert == "") != (c.TLSKey == ""):
+		return invalid("--tls-cert and --tls-key go together")
+	case c.TLSClientCA != "" && c.TLSCert == "":
+		return invalid("--tls-client-ca needs --tls-cert and --tls-key")
+	case c.FallbackTokenizer != "" && c.FallbackTokenizer != BuiltinTokenizer:
+		return invalid("--fallback-tokenizer=%q must be empty or %q", c.FallbackTokenizer, BuiltinTokenizer)
 	}
 	for _, a := range []struct{ flag, v string }{{"--grpc-addr", c.GRPCAddr}, {"--http-addr", c.HTTPAddr}} {
 		if _, _, err := net.SplitHostPort(a.v); err != nil {
@@ -111,6 +138,27 @@ func (f *workerFlag) String() string {
 	return l.String()
 }
 
+// tokenizerFlag is the repeatable --tokenizer flag, replacing the config
+// file's values like workerFlag.
+type tokenizerFlag struct {
+	list       *tokenize.Specs
+	replaceOld bool
+}
+
+func (f *tokenizerFlag) String() string {
+	if f.list == nil {
+		return ""
+	}
+	return f.list.String()
+}
+
+func (f *tokenizerFlag) Set(v string) error {
+	if f.replaceOld {
+		*f.list, f.replaceOld = nil, false
+	}
+	return f.list.Set(v)
+}
+
 func (f *workerFlag) Set(v string) error {
 	w, err := ingest.ParseWorkerFlag(v)
 	if err != nil {
@@ -124,21 +172,30 @@ func (f *workerFlag) Set(v string) error {
 }
 
 // registerFlags binds every flag to cfg, with cfg's values as defaults.
-func registerFlags(fs *flag.FlagSet, cfg *Config, replaceWorkers bool) {
+func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	in := &cfg.Ingest
 	fs.String("config", "", "YAML `file` of flag values (keys are flag names; worker is a list); flags and KVINDEX_* variables override it")
 	fs.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's id (defaults to the host name)")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data `directory` (Raft log and snapshots once replication lands; a single node keeps the index in memory)")
-	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "gRPC listen `host:port` (validated; the gRPC API is not served yet)")
-	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "HTTP listen `host:port`: /metrics, /healthz, /readyz, /workers (port 0 picks a free one)")
-	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest HTTP request body accepted, in `bytes`")
+	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "gRPC listen `host:port`: kvindex.v1 IndexService and AdminService, llm-d's indexer.v1.IndexerService, health, reflection (port 0 picks a free one)")
+	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "HTTP listen `host:port`: the REST API (docs/api.md), /metrics, /healthz, /readyz (port 0 picks a free one)")
+	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest HTTP request body and gRPC message accepted, in `bytes` (larger: 413 / RESOURCE_EXHAUSTED)")
+	fs.IntVar(&cfg.MaxPromptTokens, "max-prompt-tokens", cfg.MaxPromptTokens, "most tokens a prompt (or block hashes a query) may have")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate `file`: serve gRPC and REST over TLS (with --tls-key)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key `file` of --tls-cert")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", cfg.TLSClientCA, "PEM CA `file`: require client certificates signed by it (mTLS)")
+	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer `token` required by register, unregister, join, leave and snapshot (Authorization: Bearer <token>); empty: no check")
+	fs.Var(&tokenizerFlag{list: &cfg.Tokenizers, replaceOld: replaceLists}, "tokenizer",
+		"tokenizer of a model for text and chat prompts, repeatable, as `model=dir` (a Hugging Face tokenizer.json directory; dir \"builtin\": the fake engine's byte-level tokenizer)")
+	fs.StringVar(&cfg.FallbackTokenizer, "fallback-tokenizer", cfg.FallbackTokenizer, "tokenizer for models without --tokenizer: \"builtin\" or empty (text for such models is refused)")
+	fs.IntVar(&cfg.WatchBuffer, "watch-buffer", cfg.WatchBuffer, "batches of changes a Watch stream may fall behind before it is ended")
 	fs.IntVar(&cfg.QueueCapacity, "ingest-queue", cfg.QueueCapacity, "event batches buffered between ingest and the index; Submit waits when full")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 
 	fs.Func("kv-event-transport", "how KV events arrive: `zmq|nats` (zmq: dial workers' PUB sockets and/or --zmq-bind) (default "+string(in.Transport)+")",
 		func(v string) error { in.Transport = ingest.Transport(v); return nil })
-	fs.Var(&workerFlag{list: &in.Workers, replaceOld: replaceWorkers}, "worker",
+	fs.Var(&workerFlag{list: &in.Workers, replaceOld: replaceLists}, "worker",
 		"a worker to dial, repeatable, as `k=v,...`: id=w1,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,model=M,block-size=16,dp-size=2 (also topic, http, role, label.<k>)")
 	fs.StringVar(&in.WorkersFile, "workers-file", in.WorkersFile, "YAML `file` of workers (workers: [{id, model, endpoint, replay, block-size, dp-size, topic}]), re-read when it changes")
 	fs.StringVar(&in.ZMQBind, "zmq-bind", in.ZMQBind, "bind a SUB socket engines connect to, e.g. tcp://*:5557; the worker and model come from the topic kv@<pod>@<model>")
@@ -226,7 +283,7 @@ func applyConfigFile(cfg *Config, path string) error {
 		}
 		items := []any{values[k]}
 		if list, isList := values[k].([]any); isList {
-			if k != "worker" {
+			if k != "worker" && k != "tokenizer" {
 				return invalid("--config %s: %s takes one value, not a list", path, k)
 			}
 			items = list
@@ -262,5 +319,9 @@ func NewLogger(level, format string, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// shutdownTimeout bounds the graceful stop of the HTTP server.
+// BuiltinTokenizer names the byte-level tokenizer in --tokenizer and
+// --fallback-tokenizer.
+const BuiltinTokenizer = "builtin"
+
+// shutdownTimeout bounds the graceful stop of the HTTP and gRPC servers.
 const shutdownTimeout = 5 * time.Second

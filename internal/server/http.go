@@ -1,11 +1,21 @@
 package server
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/ingest"
@@ -13,78 +23,456 @@ import (
 
 const readHeaderTimeout = 10 * time.Second
 
-// Handler serves the HTTP endpoints of a single node:
+var (
+	protoJSON   = protojson.MarshalOptions{UseProtoNames: true}
+	protoUnJSON = protojson.UnmarshalOptions{}
+)
+
+// Handler serves the REST API (see docs/api.md):
 //
-//	GET /metrics  Prometheus metrics
-//	GET /healthz  200 while the process serves
-//	GET /readyz   200 once ingest and the apply loop run, 503 before and after
-//	GET /workers  kvindex.v1.WorkersResponse as JSON (?model= filters)
+//	GET  /metrics /healthz /readyz
+//	GET  /workers [?model=&format=dynamo]   GET /cluster   GET /dump [?worker=&model=]
+//	POST /kv-cache/hit-rate                 hermes-router's cache-indexer contract
+//	POST /query  /query_by_hash             Dynamo's and Mooncake's indexer shapes
+//	POST /register  /unregister             ours, Dynamo's and Mooncake's forms (admin token)
+//	POST /v1/score  /v1/query_by_hash       kvindex.v1 messages as JSON
+//	GET  /v1/stats
 //
-// Request bodies are limited to --max-body-bytes.
-func (s *Server) Handler() http.Handler {
+// Bodies are limited to MaxBodyBytes (413); errors are {"error":{"code","message"}}.
+func (a *API) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{ErrorLog: slog2log{s}}))
+	handle := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
+		method := strings.TrimPrefix(pattern[strings.IndexByte(pattern, ' ')+1:], "/")
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+			if err := h(rec, r); err != nil {
+				writeError(rec, err)
+			}
+			a.metrics.observe("http", method, strconv.Itoa(rec.code), start)
+		})
+	}
+	if a.gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(a.gatherer, promhttp.HandlerOpts{ErrorLog: slog2log{a}}))
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if !s.ingest.Running() || !s.sinkRunning.Load() {
+		if err := a.backend.Ready(); err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			w.Write([]byte("not ready: ingest is starting or stopping\n"))
+			fmt.Fprintf(w, "not ready: %s\n", strings.TrimPrefix(err.Error(), ErrUnavailable.Error()+": "))
 			return
 		}
 		w.Write([]byte("ready\n"))
 	})
-	mux.HandleFunc("GET /workers", s.handleWorkers)
-	limit := s.cfg.MaxBodyBytes
+	handle("GET /workers", a.handleWorkers)
+	handle("GET /cluster", a.handleCluster)
+	handle("GET /dump", a.handleDump)
+	handle("GET /v1/stats", func(w http.ResponseWriter, _ *http.Request) error { return writeProto(w, a.stats()) })
+	handle("POST /v1/score", a.handleScore)
+	handle("POST /v1/query_by_hash", a.handleTypedQueryByHash)
+	handle("POST /kv-cache/hit-rate", a.handleHitRate)
+	handle("POST /query", a.handleQuery)
+	handle("POST /query_by_hash", a.handleQueryByHash)
+	handle("POST /register", a.handleRegister)
+	handle("POST /unregister", a.handleUnregister)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		for _, m := range []string{http.MethodGet, http.MethodPost} {
+			probe := r.Clone(r.Context())
+			probe.Method = m
+			if _, pattern := mux.Handler(probe); pattern != "/" && m != r.Method {
+				w.Header().Set("Allow", m)
+				writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: errorDetail{Code: "method_not_allowed",
+					Message: fmt.Sprintf("%s %s: use %s", r.Method, r.URL.Path, m)}})
+				return
+			}
+		}
+		writeJSON(w, http.StatusNotFound, errorBody{Error: errorDetail{Code: "not_found",
+			Message: fmt.Sprintf("no endpoint %s %s (see docs/api.md)", r.Method, r.URL.Path)}})
+	})
+	limit := a.maxBodyBytes
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, limit)
 		mux.ServeHTTP(w, r)
 	})
 }
 
-// slog2log lets promhttp log through the server's logger.
-type slog2log struct{ s *Server }
-
-func (l slog2log) Println(v ...any) { l.s.log.Warn("metrics endpoint", "err", v) }
-
-var workerRoles = map[string]kvindexv1.WorkerRole{
-	"":           kvindexv1.WorkerRole_WORKER_ROLE_UNSPECIFIED,
-	"aggregated": kvindexv1.WorkerRole_WORKER_ROLE_AGGREGATED,
-	"prefill":    kvindexv1.WorkerRole_WORKER_ROLE_PREFILL,
-	"decode":     kvindexv1.WorkerRole_WORKER_ROLE_DECODE,
+// statusRecorder remembers the status code written, for metrics.
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
 }
 
-// handleWorkers lists the registered workers with their streams' state and the
-// last applied seq of each dp rank. Per-tier block counts are not reported yet
-// (the index does not count blocks per worker).
-func (s *Server) handleWorkers(w http.ResponseWriter, r *http.Request) {
-	model := r.URL.Query().Get("model")
-	running := s.ingest.Running()
-	resp := &kvindexv1.WorkersResponse{}
-	for _, ws := range s.ingest.Workers() {
-		if model != "" && ws.Spec.Model != model {
-			continue
-		}
-		info := &kvindexv1.WorkerInfo{Spec: specProto(ws.Spec), State: workerState(running, ws.Streams)}
-		for _, st := range ws.Streams {
-			rank := &kvindexv1.DpRankStatus{DpRank: st.DPRank}
-			if c, ok := s.applier.Cursor(ingest.Stream{Worker: ws.Spec.ID, DPRank: st.DPRank}); ok {
-				rank.LastSeq = c.Seq
-			}
-			info.DpRanks = append(info.DpRanks, rank)
-		}
-		resp.Workers = append(resp.Workers, info)
+func (r *statusRecorder) WriteHeader(code int) {
+	r.code = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
 	}
-	body, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(resp)
+}
+
+// slog2log lets promhttp log through the API's logger.
+type slog2log struct{ a *API }
+
+func (l slog2log) Println(v ...any) { l.a.log.Warn("metrics endpoint", "err", fmt.Sprint(v...)) }
+
+// readBody reads a request body whole and checks it is UTF-8.
+func readBody(r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(r.Body)
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return nil, fmt.Errorf("%w: the request body is over %d bytes (--max-body-bytes)", ErrTooLarge, tooLarge.Limit)
+	case err != nil:
+		return nil, fmt.Errorf("%w: reading the request body: %v", ErrInvalidArgument, err)
+	case len(bytes.TrimSpace(body)) == 0:
+		return nil, invalidArg("the request body is empty; send a JSON object")
+	case !utf8.Valid(body):
+		return nil, invalidArg("the request body is not valid UTF-8")
+	}
+	return body, nil
+}
+
+// decodeJSON reads a JSON request body into v, naming the offending field in
+// errors. Unknown fields are allowed: compatible clients send extra ones.
+func decodeJSON(r *http.Request, v any) error {
+	body, err := readBody(r)
 	if err != nil {
-		http.Error(w, "encoding workers: "+err.Error(), http.StatusInternalServerError)
-		return
+		return err
+	}
+	return unmarshalJSON(body, v)
+}
+
+func unmarshalJSON(body []byte, v any) error {
+	err := json.Unmarshal(body, v)
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &typeErr):
+		if typeErr.Field == "" {
+			return invalidArg("the body must be a JSON object, not a JSON %s", typeErr.Value)
+		}
+		return invalidArg("field %q: want %s, got JSON %s", typeErr.Field, jsonTypeName(typeErr.Type.String()), typeErr.Value)
+	case errors.As(err, &syntaxErr):
+		return invalidArg("malformed JSON at byte %d: %v", syntaxErr.Offset, err)
+	}
+	return invalidArg("%v", err)
+}
+
+// jsonTypeName says a Go type as a JSON reader would.
+func jsonTypeName(goType string) string {
+	switch {
+	case strings.HasPrefix(goType, "[]"):
+		return "an array of " + jsonTypeName(goType[2:])
+	case strings.Contains(goType, "int"):
+		return "an integer (" + goType + ")"
+	case goType == "string":
+		return "a string"
+	case goType == "bool":
+		return "true or false"
+	case strings.HasPrefix(goType, "map["), strings.HasPrefix(goType, "struct"), strings.Contains(goType, "."):
+		return "an object"
+	}
+	return goType
+}
+
+// decodeProto reads a JSON request body into a kvindex.v1 message.
+func decodeProto(r *http.Request, m proto.Message) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	if err := protoUnJSON.Unmarshal(body, m); err != nil {
+		return invalidArg("%s: %v", m.ProtoReflect().Descriptor().Name(), err)
+	}
+	return nil
+}
+
+func writeProto(w http.ResponseWriter, m proto.Message) error {
+	data, err := protoJSON.Marshal(m)
+	if err != nil {
+		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Write(body)
+	w.Write(append(data, '\n'))
+	return nil
+}
+
+func (a *API) handleScore(w http.ResponseWriter, r *http.Request) error {
+	req := &kvindexv1.ScoreRequest{}
+	if err := decodeProto(r, req); err != nil {
+		return err
+	}
+	resp, err := indexService{a: a}.Score(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	return writeProto(w, resp)
+}
+
+func (a *API) handleTypedQueryByHash(w http.ResponseWriter, r *http.Request) error {
+	req := &kvindexv1.QueryByHashRequest{}
+	if err := decodeProto(r, req); err != nil {
+		return err
+	}
+	resp, err := indexService{a: a}.QueryByHash(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	return writeProto(w, resp)
+}
+
+func (a *API) handleWorkers(w http.ResponseWriter, r *http.Request) error {
+	resp, err := a.workers(r.Context(), r.URL.Query().Get("model"), false)
+	if err != nil {
+		return err
+	}
+	switch format := r.URL.Query().Get("format"); format {
+	case "":
+		return writeProto(w, resp)
+	case "dynamo":
+		writeJSON(w, http.StatusOK, dynamoWorkers(resp))
+		return nil
+	default:
+		return invalidArg("format=%q: want dynamo or nothing", format)
+	}
+}
+
+func (a *API) handleCluster(w http.ResponseWriter, r *http.Request) error {
+	resp, err := a.cluster(r.Context())
+	if err != nil {
+		return err
+	}
+	return writeProto(w, resp)
+}
+
+// handleDump streams {"applied_index": "N", "changes": [IndexChange...]}. An
+// error after the first bytes went out truncates the JSON, which the client
+// sees as malformed.
+func (a *API) handleDump(w http.ResponseWriter, r *http.Request) error {
+	req := &kvindexv1.DumpRequest{Workers: r.URL.Query()["worker"], Model: r.URL.Query().Get("model")}
+	wrote, changes := false, 0
+	err := a.dump(r.Context(), req, func(m *kvindexv1.DumpResponse) error {
+		var buf bytes.Buffer
+		if !wrote {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(&buf, "{\"applied_index\":\"%d\",\"changes\":[", m.AppliedIndex)
+			wrote = true
+		}
+		for _, c := range m.Changes {
+			if changes > 0 {
+				buf.WriteByte(',')
+			}
+			changes++
+			data, err := protoJSON.Marshal(c)
+			if err != nil {
+				return err
+			}
+			buf.Write(data)
+		}
+		_, err := w.Write(buf.Bytes())
+		return err
+	})
+	if err != nil && !wrote {
+		return err
+	}
+	if err != nil {
+		a.log.Warn("dump interrupted", "err", err)
+		return nil
+	}
+	w.Write([]byte("]}\n"))
+	return nil
+}
+
+// registerJSON is POST /register's body: ours ({"worker": WorkerSpec}) or the
+// flat form of Dynamo's and Mooncake's indexers.
+type registerJSON struct {
+	Worker json.RawMessage `json:"worker"`
+
+	InstanceID     json.RawMessage `json:"instance_id"`
+	Endpoint       string          `json:"endpoint"`
+	ReplayEndpoint string          `json:"replay_endpoint"`
+	Model          string          `json:"model"`
+	ModelName      string          `json:"model_name"`
+	ModelNameMC    string          `json:"modelname"`
+	BlockSize      *int64          `json:"block_size"`
+	DPRank         *int64          `json:"dp_rank"`
+}
+
+func (a *API) handleRegister(w http.ResponseWriter, r *http.Request) error {
+	if err := a.checkAdmin(r.Header.Get("Authorization")); err != nil {
+		return err
+	}
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var req registerJSON
+	if err := unmarshalJSON(body, &req); err != nil {
+		return err
+	}
+	if req.Worker != nil {
+		typed := &kvindexv1.RegisterWorkerRequest{}
+		if err := protoUnJSON.Unmarshal(body, typed); err != nil {
+			return invalidArg("RegisterWorkerRequest: %v", err)
+		}
+		resp, err := adminService{a: a}.RegisterWorker(r.Context(), typed)
+		if err != nil {
+			return err
+		}
+		return writeProto(w, resp)
+	}
+	spec, err := req.spec(r.Context(), a)
+	if err != nil {
+		return err
+	}
+	if _, err := a.registerWorker(r.Context(), spec); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, map[string]string{"status": "ok", "instance_id": spec.ID})
+	return nil
+}
+
+// spec turns the compatible form into a WorkerSpec. A dp rank above 0 extends
+// an already registered worker whose rank-0 endpoint, offset by the rank, is
+// the endpoint given (kvindex derives rank r's endpoints as port + r).
+func (req *registerJSON) spec(ctx context.Context, a *API) (ingest.WorkerSpec, error) {
+	id, err := instanceID(req.InstanceID)
+	if err != nil {
+		return ingest.WorkerSpec{}, err
+	}
+	model, err := oneModel(req.Model, req.ModelName, req.ModelNameMC)
+	if err != nil {
+		return ingest.WorkerSpec{}, err
+	}
+	spec := ingest.WorkerSpec{ID: id, Model: model, Endpoint: req.Endpoint, Replay: req.ReplayEndpoint}
+	if req.BlockSize != nil {
+		if *req.BlockSize < 1 || *req.BlockSize > maxBlockSize {
+			return ingest.WorkerSpec{}, invalidArg("block_size=%d must be between 1 and %d", *req.BlockSize, maxBlockSize)
+		}
+		spec.BlockSize = int(*req.BlockSize)
+	}
+	rank := int64(0)
+	if req.DPRank != nil {
+		rank = *req.DPRank
+	}
+	if rank < 0 || rank >= 1024 {
+		return ingest.WorkerSpec{}, invalidArg("dp_rank=%d must be between 0 and 1023", rank)
+	}
+	if rank == 0 {
+		return spec, nil
+	}
+	view, err := a.view.get(ctx)
+	if err != nil {
+		return ingest.WorkerSpec{}, err
+	}
+	if view.byID[id] == nil {
+		return ingest.WorkerSpec{}, invalidArg("dp_rank=%d of %q: register dp rank 0 first", rank, id)
+	}
+	list, err := a.backend.Workers(ctx)
+	if err != nil {
+		return ingest.WorkerSpec{}, err
+	}
+	for _, ws := range list {
+		if ws.Spec.ID != id {
+			continue
+		}
+		base := ws.Spec
+		want, err := ingest.OffsetEndpoint(base.Endpoint, uint32(rank))
+		if err != nil || want != req.Endpoint {
+			return ingest.WorkerSpec{}, invalidArg("dp_rank=%d of %q: endpoint %q is not rank 0's endpoint %q offset by %d (%s)", rank, id, req.Endpoint, base.Endpoint, rank, want)
+		}
+		base.DPSize = max(base.DPSize, int(rank)+1)
+		return base, nil
+	}
+	return ingest.WorkerSpec{}, fmt.Errorf("%w: no worker %q", ErrNotFound, id)
+}
+
+// instanceID reads an instance id given as a JSON string or number.
+func instanceID(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", invalidArg("instance_id is required")
+	}
+	if raw[0] == '"' {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", invalidArg("field \"instance_id\": %v", err)
+		}
+		return s, nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(raw, &n); err != nil {
+		return "", invalidArg("field \"instance_id\": want a string or an integer, got %s", raw)
+	}
+	if _, err := strconv.ParseInt(n.String(), 10, 64); err != nil {
+		return "", invalidArg("field \"instance_id\": want a string or an integer, got %s", raw)
+	}
+	return n.String(), nil
+}
+
+// oneModel returns the one model named by the model fields of the compatible
+// forms (model, model_name, modelname).
+func oneModel(names ...string) (string, error) {
+	model := ""
+	for _, n := range names {
+		if n == "" {
+			continue
+		}
+		if model != "" && n != model {
+			return "", invalidArg("model names %q and %q differ", model, n)
+		}
+		model = n
+	}
+	if model == "" {
+		return "", invalidArg("model (or model_name) is required")
+	}
+	return model, nil
+}
+
+// unregisterJSON is POST /unregister's body: ours ({"worker_id"}) or the
+// compatible form ({"instance_id"}).
+type unregisterJSON struct {
+	WorkerID   string          `json:"worker_id"`
+	InstanceID json.RawMessage `json:"instance_id"`
+	DPRank     *int64          `json:"dp_rank"`
+}
+
+func (a *API) handleUnregister(w http.ResponseWriter, r *http.Request) error {
+	if err := a.checkAdmin(r.Header.Get("Authorization")); err != nil {
+		return err
+	}
+	var req unregisterJSON
+	if err := decodeJSON(r, &req); err != nil {
+		return err
+	}
+	if req.WorkerID != "" {
+		applied, err := a.unregisterWorker(r.Context(), req.WorkerID)
+		if err != nil {
+			return err
+		}
+		return writeProto(w, &kvindexv1.UnregisterWorkerResponse{AppliedIndex: applied})
+	}
+	id, err := instanceID(req.InstanceID)
+	if err != nil {
+		return invalidArg("worker_id (or instance_id) is required")
+	}
+	if req.DPRank != nil {
+		return fmt.Errorf("%w: removing one dp rank (dp_rank=%d); unregister the whole worker", ErrNotSupported, *req.DPRank)
+	}
+	if _, err := a.unregisterWorker(r.Context(), id); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "instance_id": id})
+	return nil
 }
 
 func specProto(s ingest.WorkerSpec) *kvindexv1.WorkerSpec {
@@ -93,6 +481,13 @@ func specProto(s ingest.WorkerSpec) *kvindexv1.WorkerSpec {
 		EventsEndpoint: s.Endpoint, EventsTopic: s.Topic, ReplayEndpoint: s.Replay, HttpEndpoint: s.HTTP,
 		Role: workerRoles[s.Role], Labels: s.Labels,
 	}
+}
+
+var workerRoles = map[string]kvindexv1.WorkerRole{
+	"":           kvindexv1.WorkerRole_WORKER_ROLE_UNSPECIFIED,
+	"aggregated": kvindexv1.WorkerRole_WORKER_ROLE_AGGREGATED,
+	"prefill":    kvindexv1.WorkerRole_WORKER_ROLE_PREFILL,
+	"decode":     kvindexv1.WorkerRole_WORKER_ROLE_DECODE,
 }
 
 // workerState summarises a worker's streams: replaying if any is, live once every

@@ -1,0 +1,191 @@
+package server
+
+import (
+	"crypto/subtle"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/tokenize"
+)
+
+// APIConfig configures the query API.
+type APIConfig struct {
+	// NodeID names this node in logs and in single-node cluster answers.
+	NodeID string
+	// DefaultBlockSize is the block size of workers that do not state one
+	// (--block-size); 0 when unknown.
+	DefaultBlockSize int
+	// MaxPromptTokens bounds a prompt (token ids, tokenized text or chat) and a
+	// block hash list.
+	MaxPromptTokens int
+	// MaxBodyBytes bounds HTTP request bodies and gRPC messages.
+	MaxBodyBytes int64
+	// AdminToken, when set, is the bearer token register, unregister, join,
+	// leave and snapshot require.
+	AdminToken string
+	// Tokenizers maps models to tokenizers; Fallback, when not nil, serves
+	// models without one.
+	Tokenizers *tokenize.Registry
+	Fallback   tokenize.Tokenizer
+	// WatchBuffer is how many batches of changes a Watch may fall behind.
+	WatchBuffer int
+	// Registerer receives the API's metrics; Gatherer serves /metrics.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+}
+
+// DefaultMaxPromptTokens is --max-prompt-tokens's default.
+const DefaultMaxPromptTokens = 512 << 10
+
+// API serves the query and admin API of one node over its Backend: the gRPC
+// services (GRPCServer) and the REST endpoints (Handler). Safe for concurrent use.
+type API struct {
+	backend          Backend
+	log              *slog.Logger
+	tokenizers       *tokenize.Registry
+	fallback         tokenize.Tokenizer
+	defaultBlockSize int
+	maxPromptTokens  int
+	maxBodyBytes     int64
+	adminToken       string
+	nodeID           string
+	gatherer         prometheus.Gatherer
+	names            *namespaceNames
+	view             *viewCache
+	metrics          *apiMetrics
+}
+
+// NewAPI returns the API of a node served by b, and names the changes of b's
+// ChangeFeed with what the API learns.
+func NewAPI(b Backend, cfg APIConfig, logger *slog.Logger) (*API, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Tokenizers == nil {
+		cfg.Tokenizers = tokenize.NewRegistry()
+	}
+	if cfg.MaxPromptTokens <= 0 {
+		cfg.MaxPromptTokens = DefaultMaxPromptTokens
+	}
+	a := &API{
+		backend: b, log: logger, tokenizers: cfg.Tokenizers, fallback: cfg.Fallback,
+		defaultBlockSize: cfg.DefaultBlockSize, maxPromptTokens: cfg.MaxPromptTokens,
+		maxBodyBytes: cfg.MaxBodyBytes, adminToken: cfg.AdminToken, nodeID: cfg.NodeID,
+		gatherer: cfg.Gatherer, names: &namespaceNames{},
+	}
+	a.view = &viewCache{backend: b, defaultBlockSize: cfg.DefaultBlockSize, names: a.names, ttl: viewTTL}
+	b.Changes().name(a.names, a.view.workerModel)
+	var err error
+	if a.metrics, err = newAPIMetrics(cfg.Registerer, b.Index()); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// viewTTL bounds how stale the registry view of scoring may be for workers
+// registered other than through this API (flags, files, discovery, raft).
+const viewTTL = 250 * time.Millisecond
+
+// checkAdmin checks the "Authorization: Bearer <token>" value of an admin call.
+func (a *API) checkAdmin(authorization string) error {
+	if a.adminToken == "" {
+		return nil
+	}
+	if authorization == "" {
+		return fmt.Errorf("%w: this call needs the admin token (Authorization: Bearer <token>)", ErrUnauthenticated)
+	}
+	scheme, token, ok := strings.Cut(authorization, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return fmt.Errorf("%w: the Authorization value must be \"Bearer <token>\"", ErrUnauthenticated)
+	}
+	if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), []byte(a.adminToken)) != 1 {
+		return fmt.Errorf("%w: wrong admin token", ErrPermissionDenied)
+	}
+	return nil
+}
+
+// apiMetrics are the API's Prometheus metrics.
+type apiMetrics struct {
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+}
+
+func newAPIMetrics(reg prometheus.Registerer, ix *radix.Index) (*apiMetrics, error) {
+	m := &apiMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvindex_api_requests_total",
+			Help: "API requests by protocol (grpc, http), method and outcome code."}, []string{"api", "method", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvindex_api_request_seconds",
+			Help: "API request latency by protocol and method (streams: until the stream ends).", Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)},
+			[]string{"api", "method"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.latency, indexCollector{ix}} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("registering API metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *apiMetrics) observe(api, method, code string, start time.Time) {
+	m.requests.WithLabelValues(api, method, code).Inc()
+	m.latency.WithLabelValues(api, method).Observe(time.Since(start).Seconds())
+}
+
+// indexCollector exports the index's sizes and counters (radix.Stats) at scrape
+// time. Stats reports the counters under the same names without the prefix.
+type indexCollector struct{ ix *radix.Index }
+
+var (
+	indexGaugeDescs = map[string]*prometheus.Desc{
+		"nodes":           prometheus.NewDesc("kvindex_index_nodes", "Block nodes in the index, including holder-less ones kept for their children.", nil, nil),
+		"residencies":     prometheus.NewDesc("kvindex_index_residencies", "(block, worker, dp rank) pairs held on at least one tier.", nil, nil),
+		"holders":         prometheus.NewDesc("kvindex_index_holders", "(worker, dp rank) holders known to the index.", nil, nil),
+		"namespaces":      prometheus.NewDesc("kvindex_index_namespaces", "(model, LoRA, cache salt) namespaces holding blocks.", nil, nil),
+		"detached_blocks": prometheus.NewDesc("kvindex_index_detached_blocks", "Blocks kept detached because their parent is unknown to their worker.", nil, nil),
+	}
+	indexCounterDesc = prometheus.NewDesc("kvindex_index_block_results_total",
+		"What the index did with stored and removed blocks since it was created (result: stored_attached, stored_duplicate, stored_detached, stored_dropped, stored_replaced, detached_reattached, removed_blocks, removed_unknown).",
+		[]string{"result"}, nil)
+)
+
+func (c indexCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range indexGaugeDescs {
+		ch <- d
+	}
+	ch <- indexCounterDesc
+}
+
+func (c indexCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.ix.Stats()
+	for name, v := range indexGauges(st) {
+		ch <- prometheus.MustNewConstMetric(indexGaugeDescs[name], prometheus.GaugeValue, float64(v))
+	}
+	for name, v := range indexCounters(st) {
+		ch <- prometheus.MustNewConstMetric(indexCounterDesc, prometheus.CounterValue, float64(v), name)
+	}
+}
+
+func indexGauges(st radix.Stats) map[string]uint64 {
+	return map[string]uint64{
+		"nodes": uint64(st.Nodes), "residencies": uint64(st.Residencies), "holders": uint64(st.Workers),
+		"namespaces": uint64(st.Namespaces), "detached_blocks": uint64(st.Detached),
+	}
+}
+
+func indexCounters(st radix.Stats) map[string]uint64 {
+	c := st.Counters
+	return map[string]uint64{
+		"stored_attached": c.StoredAttached, "stored_duplicate": c.StoredDuplicate,
+		"stored_detached": c.StoredDetached, "stored_dropped": c.StoredDropped,
+		"stored_replaced": c.StoredReplaced, "detached_reattached": c.DetachedReattached,
+		"removed_blocks": c.RemovedBlocks, "removed_unknown": c.RemovedUnknown,
+	}
+}

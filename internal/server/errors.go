@@ -1,0 +1,189 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/tokenize"
+)
+
+// Sentinel errors of the API. Handlers wrap them with %w and a message naming
+// the field or the resource; errorTable maps each to a gRPC code, an HTTP status
+// and the stable code string of JSON error bodies.
+var (
+	// ErrInvalidArgument: the request is malformed (bad JSON, a field of the
+	// wrong type, a value out of range, invalid UTF-8, conflicting fields).
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrUnknownModel: text or chat input for a model without a tokenizer.
+	ErrUnknownModel = errors.New("unknown model")
+	// ErrNotFound: the named worker (or other resource) does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrAlreadyExists: a worker with the id is registered with another spec.
+	ErrAlreadyExists = errors.New("already exists")
+	// ErrFailedPrecondition: the request is valid but the state forbids it.
+	ErrFailedPrecondition = errors.New("failed precondition")
+	// ErrUnauthenticated: an admin call without the bearer token.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrPermissionDenied: an admin call with a wrong bearer token.
+	ErrPermissionDenied = errors.New("permission denied")
+	// ErrTooLarge: a body, a prompt or a hash list over its limit.
+	ErrTooLarge = errors.New("too large")
+	// ErrWatchLagging: a Watch stream fell too far behind the apply loop.
+	ErrWatchLagging = errors.New("watcher fell behind")
+	// ErrNotLeader: a write reached a node that is not the leader; a
+	// *NotLeaderError says where the leader is.
+	ErrNotLeader = errors.New("not the leader")
+	// ErrUnavailable: the node cannot serve now (starting, stopping, no leader).
+	ErrUnavailable = errors.New("unavailable")
+	// ErrNotSupported: the operation does not exist in this mode (raft
+	// membership on a single node) or this version (sequence-hash lookups).
+	ErrNotSupported = errors.New("not supported")
+)
+
+// NotLeaderError is returned for a write sent to a follower. errors.Is(err,
+// ErrNotLeader) holds. gRPC clients find LeaderID and LeaderAddr in an
+// errdetails.ErrorInfo (reason NOT_LEADER, metadata leader_id and leader_addr);
+// HTTP clients in the error body's "leader_id"/"leader_addr" and the
+// X-Kvindex-Leader header.
+type NotLeaderError struct {
+	LeaderID   string // empty when no leader is known
+	LeaderAddr string // the leader's gRPC address, empty when unknown
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.LeaderID == "" {
+		return "not the leader (no leader known)"
+	}
+	return fmt.Sprintf("not the leader (leader is %s at %s)", e.LeaderID, e.LeaderAddr)
+}
+
+// Is makes errors.Is(err, ErrNotLeader) hold.
+func (e *NotLeaderError) Is(target error) bool { return target == ErrNotLeader }
+
+// NotLeaderReason is the errdetails.ErrorInfo reason of a not-leader error.
+const NotLeaderReason = "NOT_LEADER"
+
+// ErrorDomain is the errdetails.ErrorInfo domain of kvindex errors.
+const ErrorDomain = "kvindex.io"
+
+// errorClass is one row of the error table.
+type errorClass struct {
+	err  error
+	grpc codes.Code
+	http int
+	code string // the "code" of JSON error bodies
+}
+
+// errorTable is the one place where errors become gRPC codes and HTTP
+// statuses: the first row whose err matches (errors.Is) wins. Errors of other
+// packages that reach the API are listed beside ours.
+var errorTable = []errorClass{
+	{ErrInvalidArgument, codes.InvalidArgument, http.StatusBadRequest, "invalid_argument"},
+	{ingest.ErrInvalidWorker, codes.InvalidArgument, http.StatusBadRequest, "invalid_argument"},
+	{tokenize.ErrInvalidMessages, codes.InvalidArgument, http.StatusBadRequest, "invalid_argument"},
+	{ErrUnknownModel, codes.NotFound, http.StatusNotFound, "unknown_model"},
+	{tokenize.ErrUnknownModel, codes.NotFound, http.StatusNotFound, "unknown_model"},
+	{ErrNotFound, codes.NotFound, http.StatusNotFound, "not_found"},
+	{ErrAlreadyExists, codes.AlreadyExists, http.StatusConflict, "already_exists"},
+	{ErrFailedPrecondition, codes.FailedPrecondition, http.StatusBadRequest, "failed_precondition"},
+	{ingest.ErrWorkerConflict, codes.FailedPrecondition, http.StatusBadRequest, "failed_precondition"},
+	{tokenize.ErrNotSupported, codes.FailedPrecondition, http.StatusBadRequest, "failed_precondition"},
+	{ErrUnauthenticated, codes.Unauthenticated, http.StatusUnauthorized, "unauthenticated"},
+	{ErrPermissionDenied, codes.PermissionDenied, http.StatusForbidden, "permission_denied"},
+	{ErrTooLarge, codes.ResourceExhausted, http.StatusRequestEntityTooLarge, "too_large"},
+	{ErrWatchLagging, codes.ResourceExhausted, http.StatusTooManyRequests, "watch_lagging"},
+	{ErrNotLeader, codes.Unavailable, http.StatusServiceUnavailable, "not_leader"},
+	{ErrUnavailable, codes.Unavailable, http.StatusServiceUnavailable, "unavailable"},
+	{ingest.ErrSinkStopped, codes.Unavailable, http.StatusServiceUnavailable, "unavailable"},
+	{ingest.ErrClosed, codes.Unavailable, http.StatusServiceUnavailable, "unavailable"},
+	{ErrNotSupported, codes.Unimplemented, http.StatusNotImplemented, "not_supported"},
+	{context.Canceled, codes.Canceled, 499, "canceled"}, // 499: nginx's "client closed request"
+	{context.DeadlineExceeded, codes.DeadlineExceeded, http.StatusGatewayTimeout, "deadline_exceeded"},
+}
+
+var internalClass = errorClass{grpc: codes.Internal, http: http.StatusInternalServerError, code: "internal"}
+
+func classify(err error) errorClass {
+	for _, c := range errorTable {
+		if errors.Is(err, c.err) {
+			return c
+		}
+	}
+	return internalClass
+}
+
+// grpcError turns err into a gRPC status error through the error table. A
+// NotLeaderError carries the leader in an ErrorInfo detail.
+func grpcError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, isStatus := status.FromError(err); isStatus {
+		return err
+	}
+	st := status.New(classify(err).grpc, err.Error())
+	var nl *NotLeaderError
+	if errors.As(err, &nl) {
+		if withInfo, derr := st.WithDetails(&errdetails.ErrorInfo{
+			Reason: NotLeaderReason, Domain: ErrorDomain,
+			Metadata: map[string]string{"leader_id": nl.LeaderID, "leader_addr": nl.LeaderAddr},
+		}); derr == nil {
+			st = withInfo
+		}
+	}
+	return st.Err()
+}
+
+// errorBody is the JSON body of every REST error: {"error": {"code", "message"}},
+// plus the leader of a not_leader error.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Code       string `json:"code"`
+	Message    string `json:"message"`
+	LeaderID   string `json:"leader_id,omitempty"`
+	LeaderAddr string `json:"leader_addr,omitempty"`
+}
+
+// LeaderHeader names the HTTP response header carrying the leader's gRPC
+// address on a not_leader error.
+const LeaderHeader = "X-Kvindex-Leader"
+
+// writeError writes err as a JSON error body with the status the table gives.
+func writeError(w http.ResponseWriter, err error) {
+	c := classify(err)
+	body := errorBody{Error: errorDetail{Code: c.code, Message: err.Error()}}
+	var nl *NotLeaderError
+	if errors.As(err, &nl) {
+		body.Error.LeaderID, body.Error.LeaderAddr = nl.LeaderID, nl.LeaderAddr
+		if nl.LeaderAddr != "" {
+			w.Header().Set(LeaderHeader, nl.LeaderAddr)
+		}
+	}
+	writeJSON(w, c.http, body)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		code = http.StatusInternalServerError
+		data = []byte(`{"error":{"code":"internal","message":"encoding the response failed"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(append(data, '\n'))
+}
+
+func invalidArg(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,597 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	indexerv1 "github.com/kvindex/kvindex/api/proto/indexer/v1"
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/kvblock"
+	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/tokenize"
+)
+
+// GRPCServer returns a gRPC server with the IndexService, the AdminService,
+// llm-d's indexer.v1.IndexerService, the health service (reporting health) and
+// reflection registered. creds is nil for plaintext.
+func (a *API) GRPCServer(creds credentials.TransportCredentials, healthSrv *health.Server) *grpc.Server {
+	opts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(a.unaryInterceptor),
+		grpc.ChainStreamInterceptor(a.streamInterceptor),
+		grpc.MaxRecvMsgSize(int(a.maxBodyBytes)),
+	}
+	if creds != nil {
+		opts = append(opts, grpc.Creds(creds))
+	}
+	s := grpc.NewServer(opts...)
+	kvindexv1.RegisterIndexServiceServer(s, indexService{a: a})
+	kvindexv1.RegisterAdminServiceServer(s, adminService{a: a})
+	indexerv1.RegisterIndexerServiceServer(s, llmdService{a: a})
+	healthpb.RegisterHealthServer(s, healthSrv)
+	reflection.Register(s)
+	return s
+}
+
+// adminMethods need the admin token; AdminService.Cluster is read-only.
+var adminMethods = map[string]bool{
+	kvindexv1.AdminService_RegisterWorker_FullMethodName:   true,
+	kvindexv1.AdminService_UnregisterWorker_FullMethodName: true,
+	kvindexv1.AdminService_Join_FullMethodName:             true,
+	kvindexv1.AdminService_Leave_FullMethodName:            true,
+	kvindexv1.AdminService_Snapshot_FullMethodName:         true,
+}
+
+func (a *API) authorize(ctx context.Context, method string) error {
+	if !adminMethods[method] {
+		return nil
+	}
+	var auth string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get("authorization"); len(v) > 0 {
+			auth = v[0]
+		}
+	}
+	return a.checkAdmin(auth)
+}
+
+func (a *API) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	var resp any
+	err := a.authorize(ctx, info.FullMethod)
+	if err == nil {
+		resp, err = handler(ctx, req)
+	}
+	err = grpcError(err)
+	a.metrics.observe("grpc", path.Base(info.FullMethod), status.Code(err).String(), start)
+	return resp, err
+}
+
+func (a *API) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	start := time.Now()
+	err := a.authorize(ss.Context(), info.FullMethod)
+	if err == nil {
+		err = handler(srv, ss)
+	}
+	err = grpcError(err)
+	a.metrics.observe("grpc", path.Base(info.FullMethod), status.Code(err).String(), start)
+	return err
+}
+
+// indexService implements kvindex.v1.IndexService.
+type indexService struct {
+	kvindexv1.UnimplementedIndexServiceServer
+	a *API
+}
+
+func (s indexService) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
+	q, err := scoreQueryFromProto(req)
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.a.score(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return res.proto(), nil
+}
+
+func scoreQueryFromProto(req *kvindexv1.ScoreRequest) (*scoreQuery, error) {
+	q := &scoreQuery{
+		model: req.Model, lora: req.LoraName, salt: req.CacheSalt, blockSize: int(req.GetBlockSize()),
+		tokens: req.TokenIds, hasTokens: len(req.TokenIds) > 0, linearizable: isLinearizable(req.Consistency),
+	}
+	if req.BlockSize != nil && req.GetBlockSize() == 0 {
+		return nil, invalidArg("block_size=0 must be between 1 and %d", maxBlockSize)
+	}
+	if req.Text != "" {
+		q.text = &req.Text
+	}
+	if len(req.Messages) > 0 {
+		q.messages = messagesFromProto(req.Messages)
+		q.chat.AddGenerationPrompt = req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+		if req.ToolsJson != "" {
+			if err := json.Unmarshal([]byte(req.ToolsJson), &q.chat.Tools); err != nil {
+				return nil, invalidArg("tools_json: %v", err)
+			}
+		}
+		if req.ChatTemplateKwargsJson != "" {
+			if err := json.Unmarshal([]byte(req.ChatTemplateKwargsJson), &q.chat.Kwargs); err != nil {
+				return nil, invalidArg("chat_template_kwargs_json: want a JSON object: %v", err)
+			}
+		}
+	}
+	if len(req.Workers) > 0 {
+		q.workers = req.Workers
+	}
+	return q, nil
+}
+
+func isLinearizable(c kvindexv1.Consistency) bool {
+	return c == kvindexv1.Consistency_CONSISTENCY_LINEARIZABLE
+}
+
+func messagesFromProto(in []*kvindexv1.ChatMessage) []tokenize.Message {
+	out := make([]tokenize.Message, len(in))
+	for i, m := range in {
+		msg := tokenize.Message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallId}
+		if m.ReasoningContent != "" {
+			msg.Reasoning = &m.ReasoningContent
+		}
+		for _, tc := range m.ToolCalls {
+			call := tokenize.ToolCall{ID: tc.Id, Type: tc.Type}
+			if tc.Function != nil {
+				call.Function = tokenize.FunctionCall{Name: tc.Function.Name, Arguments: tc.Function.Arguments}
+			}
+			msg.ToolCalls = append(msg.ToolCalls, call)
+		}
+		out[i] = msg
+	}
+	return out
+}
+
+// proto shapes a result as a kvindex.v1.ScoreResponse.
+func (r *scoreResult) proto() *kvindexv1.ScoreResponse {
+	return &kvindexv1.ScoreResponse{
+		Model: r.model, BlockSize: uint32(r.blockSize), PromptTokens: uint32(r.promptTokens),
+		TotalBlocks: uint32(r.totalBlocks), AppliedIndex: r.applied, Scores: r.workerScores(),
+	}
+}
+
+func (r *scoreResult) workerScores() []*kvindexv1.WorkerScore {
+	out := make([]*kvindexv1.WorkerScore, len(r.workers))
+	for i := range r.workers {
+		w := &r.workers[i]
+		ws := &kvindexv1.WorkerScore{
+			Worker: w.id, MatchedBlocks: uint32(w.blocks), MatchedTokens: uint32(w.blocks * r.blockSize),
+			HitRate:          hitRate(w.blocks, r.totalBlocks),
+			GpuMatchedBlocks: uint32(w.perTier[radix.TierGPU]), CpuMatchedBlocks: uint32(w.perTier[radix.TierCPU]),
+			DiskMatchedBlocks: uint32(w.perTier[radix.TierDisk]),
+		}
+		if len(w.ranks) > 0 {
+			ws.DpRanks = make([]*kvindexv1.DpRankScore, len(w.ranks))
+			for j, rk := range w.ranks {
+				ws.DpRanks[j] = &kvindexv1.DpRankScore{
+					DpRank: rk.rank, MatchedBlocks: uint32(rk.blocks), MatchedTokens: uint32(rk.blocks * r.blockSize),
+					GpuMatchedBlocks: uint32(rk.perTier[radix.TierGPU]), CpuMatchedBlocks: uint32(rk.perTier[radix.TierCPU]),
+					DiskMatchedBlocks: uint32(rk.perTier[radix.TierDisk]),
+				}
+			}
+		}
+		out[i] = ws
+	}
+	return out
+}
+
+func hitRate(matched, total int) float64 {
+	if total == 0 {
+		return 0
+	}
+	return float64(matched) / float64(total)
+}
+
+func (s indexService) QueryByHash(ctx context.Context, req *kvindexv1.QueryByHashRequest) (*kvindexv1.QueryByHashResponse, error) {
+	if req.HashKind != kvindexv1.BlockHashKind_BLOCK_HASH_KIND_LOCAL {
+		return nil, errSequenceHashes
+	}
+	q := &scoreQuery{
+		model: req.Model, lora: req.LoraName, salt: req.CacheSalt, localKeys: req.BlockHashes, byHash: true,
+		linearizable: isLinearizable(req.Consistency),
+	}
+	if len(req.Workers) > 0 {
+		q.workers = req.Workers
+	}
+	res, err := s.a.score(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return &kvindexv1.QueryByHashResponse{
+		Model: res.model, BlockSize: uint32(res.blockSize), TotalBlocks: uint32(res.totalBlocks),
+		AppliedIndex: res.applied, Scores: res.workerScores(),
+	}, nil
+}
+
+// errSequenceHashes answers lookups by sequence (chained) hashes: the index is
+// keyed by local keys under their parent, and a chained hash cannot be turned
+// back into the local key of its block without a table of every block's
+// sequence hash, which the index does not keep.
+var errSequenceHashes = fmt.Errorf("%w: lookups by sequence (chained) block hashes; send the local block hashes with hash_kind BLOCK_HASH_KIND_LOCAL (Dynamo's /query_by_hash form)", ErrNotSupported)
+
+func (s indexService) Workers(ctx context.Context, req *kvindexv1.WorkersRequest) (*kvindexv1.WorkersResponse, error) {
+	return s.a.workers(ctx, req.Model, isLinearizable(req.Consistency))
+}
+
+// workers lists the registered workers (of model, when set) with their block
+// counts per tier.
+func (a *API) workers(ctx context.Context, model string, linearizable bool) (*kvindexv1.WorkersResponse, error) {
+	if linearizable {
+		if err := a.backend.Linearizable(ctx); err != nil {
+			return nil, err
+		}
+	}
+	applied := a.backend.AppliedIndex()
+	list, err := a.backend.Workers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	list = slices.DeleteFunc(list, func(w WorkerStatus) bool { return model != "" && w.Spec.Model != model })
+	ids := make([]string, len(list))
+	for i, w := range list {
+		ids[i] = w.Spec.ID
+	}
+	stats := a.backend.Index().HolderStats(ids)
+	resp := &kvindexv1.WorkersResponse{AppliedIndex: applied, Workers: make([]*kvindexv1.WorkerInfo, len(list))}
+	h := 0
+	for i, w := range list {
+		info := &kvindexv1.WorkerInfo{Spec: specProto(w.Spec), State: w.State}
+		ranks := map[uint32]*kvindexv1.DpRankStatus{}
+		rank := func(r uint32) *kvindexv1.DpRankStatus {
+			if ranks[r] == nil {
+				ranks[r] = &kvindexv1.DpRankStatus{DpRank: r}
+			}
+			return ranks[r]
+		}
+		for _, rs := range w.Ranks {
+			rank(rs.DPRank).LastSeq = rs.LastSeq
+		}
+		for ; h < len(stats) && stats[h].Worker.Worker < w.Spec.ID; h++ {
+		}
+		for ; h < len(stats) && stats[h].Worker.Worker == w.Spec.ID; h++ {
+			st := &stats[h]
+			r := rank(st.Worker.DPRank)
+			r.GpuBlocks, r.CpuBlocks, r.DiskBlocks = uint64(st.PerTier[radix.TierGPU]), uint64(st.PerTier[radix.TierCPU]), uint64(st.PerTier[radix.TierDisk])
+			info.GpuBlocks += r.GpuBlocks
+			info.CpuBlocks += r.CpuBlocks
+			info.DiskBlocks += r.DiskBlocks
+		}
+		for _, r := range ranks {
+			info.DpRanks = append(info.DpRanks, r)
+		}
+		slices.SortFunc(info.DpRanks, func(x, y *kvindexv1.DpRankStatus) int { return int(x.DpRank) - int(y.DpRank) })
+		resp.Workers[i] = info
+	}
+	return resp, nil
+}
+
+func (s indexService) Stats(context.Context, *kvindexv1.StatsRequest) (*kvindexv1.StatsResponse, error) {
+	return s.a.stats(), nil
+}
+
+func (a *API) stats() *kvindexv1.StatsResponse {
+	applied := a.backend.AppliedIndex()
+	st := a.backend.Index().Stats()
+	return &kvindexv1.StatsResponse{
+		Nodes: uint64(st.Nodes), Residencies: uint64(st.Residencies), Workers: uint32(st.Workers),
+		Namespaces: uint32(st.Namespaces), AppliedIndex: applied, Counters: indexCounters(st),
+	}
+}
+
+// maxChangesPerMessage bounds the changes of one Watch or Dump message.
+const maxChangesPerMessage = 4096
+
+func (s indexService) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStreamingServer[kvindexv1.WatchResponse]) error {
+	sub := s.a.backend.Changes().Subscribe(req.Workers, req.Model)
+	defer sub.Close()
+	// Headers go out now, so a client knows the subscription exists before the
+	// first change arrives.
+	if err := stream.SendHeader(metadata.MD{}); err != nil {
+		return err
+	}
+	ctx := stream.Context()
+	for {
+		var batch []*kvindexv1.IndexChange
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case b, ok := <-sub.C():
+			if !ok {
+				err := sub.Err()
+				if errors.Is(err, ErrWatchLagging) {
+					return fmt.Errorf("%w: more than %d batches of changes were waiting; start over (Dump, then Watch)", err, cap(sub.c))
+				}
+				return err
+			}
+			batch = b
+		}
+	drain: // send what else is waiting in the same message
+		for len(batch) < maxChangesPerMessage {
+			select {
+			case b, ok := <-sub.C():
+				if !ok {
+					break drain
+				}
+				batch = append(batch, b...)
+			default:
+				break drain
+			}
+		}
+		if err := stream.Send(&kvindexv1.WatchResponse{Changes: batch}); err != nil {
+			return err
+		}
+	}
+}
+
+func (s indexService) Dump(req *kvindexv1.DumpRequest, stream grpc.ServerStreamingServer[kvindexv1.DumpResponse]) error {
+	return s.a.dump(stream.Context(), req, func(m *kvindexv1.DumpResponse) error { return stream.Send(m) })
+}
+
+// dump sends the index as STORED changes, in messages of at most
+// maxChangesPerMessage changes (at least one message).
+func (a *API) dump(ctx context.Context, req *kvindexv1.DumpRequest, send func(*kvindexv1.DumpResponse) error) error {
+	var keep func(worker string) bool
+	if len(req.Workers) > 0 || req.Model != "" {
+		view, err := a.view.get(ctx)
+		if err != nil {
+			return err
+		}
+		keep = func(worker string) bool {
+			if len(req.Workers) > 0 && !slices.Contains(req.Workers, worker) {
+				return false
+			}
+			w := view.byID[worker]
+			return req.Model == "" || (w != nil && w.model == req.Model)
+		}
+	}
+	applied := a.backend.AppliedIndex()
+	nodes := a.backend.Index().Nodes()
+	seqs := make([]uint64, len(nodes))
+	nsOf := make([]uint64, len(nodes))
+	msg := &kvindexv1.DumpResponse{AppliedIndex: applied}
+	sent := false
+	for i, n := range nodes {
+		if n.Parent < 0 {
+			nsOf[i] = n.Key
+			continue
+		}
+		parent := nodes[n.Parent]
+		nsOf[i] = nsOf[n.Parent]
+		var parentSeq *uint64
+		if parent.Parent < 0 {
+			seqs[i] = n.Key
+		} else {
+			p := seqs[n.Parent]
+			parentSeq = &p
+			seqs[i] = kvblock.NextChainHash(p, n.Key)
+		}
+		for _, h := range n.Holders {
+			if keep != nil && !keep(h.Worker.Worker) {
+				continue
+			}
+			for t := range radix.Tier(radix.NumTiers) {
+				if h.Tiers&(1<<t) == 0 {
+					continue
+				}
+				c := a.backend.Changes().change(h.Worker, kvindexv1.ChangeKind_CHANGE_KIND_STORED, nsOf[i], t)
+				c.SequenceHashes, c.LocalHashes, c.ParentSequenceHash, c.AppliedIndex = []uint64{seqs[i]}, []uint64{n.Key}, parentSeq, applied
+				msg.Changes = append(msg.Changes, c)
+			}
+		}
+		if len(msg.Changes) >= maxChangesPerMessage {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := send(msg); err != nil {
+				return err
+			}
+			sent = true
+			msg = &kvindexv1.DumpResponse{AppliedIndex: applied}
+		}
+	}
+	if len(msg.Changes) > 0 || !sent {
+		return send(msg)
+	}
+	return nil
+}
+
+// adminService implements kvindex.v1.AdminService.
+type adminService struct {
+	kvindexv1.UnimplementedAdminServiceServer
+	a *API
+}
+
+func (s adminService) RegisterWorker(ctx context.Context, req *kvindexv1.RegisterWorkerRequest) (*kvindexv1.RegisterWorkerResponse, error) {
+	if req.Worker == nil {
+		return nil, invalidArg("worker is required")
+	}
+	spec, err := specFromProto(req.Worker)
+	if err != nil {
+		return nil, err
+	}
+	applied, err := s.a.registerWorker(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &kvindexv1.RegisterWorkerResponse{Worker: &kvindexv1.WorkerInfo{Spec: specProto(spec)}, AppliedIndex: applied}, nil
+}
+
+func (a *API) registerWorker(ctx context.Context, spec ingest.WorkerSpec) (uint64, error) {
+	if err := spec.Validate(); err != nil {
+		return 0, err
+	}
+	applied, err := a.backend.RegisterWorker(ctx, spec)
+	a.view.invalidate()
+	return applied, err
+}
+
+func (a *API) unregisterWorker(ctx context.Context, id string) (uint64, error) {
+	if id == "" {
+		return 0, invalidArg("worker_id is required")
+	}
+	applied, err := a.backend.UnregisterWorker(ctx, id)
+	a.view.invalidate()
+	return applied, err
+}
+
+func (s adminService) UnregisterWorker(ctx context.Context, req *kvindexv1.UnregisterWorkerRequest) (*kvindexv1.UnregisterWorkerResponse, error) {
+	applied, err := s.a.unregisterWorker(ctx, req.WorkerId)
+	if err != nil {
+		return nil, err
+	}
+	return &kvindexv1.UnregisterWorkerResponse{AppliedIndex: applied}, nil
+}
+
+func (s adminService) Join(ctx context.Context, req *kvindexv1.JoinRequest) (*kvindexv1.JoinResponse, error) {
+	if req.NodeId == "" || req.RaftAddr == "" {
+		return nil, invalidArg("node_id and raft_addr are required")
+	}
+	applied, err := s.a.backend.Join(ctx, JoinRequest{
+		NodeID: req.NodeId, RaftAddr: req.RaftAddr, GRPCAddr: req.GrpcAddr,
+		Voter: req.Suffrage != kvindexv1.Suffrage_SUFFRAGE_NONVOTER,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &kvindexv1.JoinResponse{AppliedIndex: applied}, nil
+}
+
+func (s adminService) Leave(ctx context.Context, req *kvindexv1.LeaveRequest) (*kvindexv1.LeaveResponse, error) {
+	if req.NodeId == "" {
+		return nil, invalidArg("node_id is required")
+	}
+	applied, err := s.a.backend.Leave(ctx, req.NodeId)
+	if err != nil {
+		return nil, err
+	}
+	return &kvindexv1.LeaveResponse{AppliedIndex: applied}, nil
+}
+
+func (s adminService) Cluster(ctx context.Context, _ *kvindexv1.ClusterRequest) (*kvindexv1.ClusterResponse, error) {
+	return s.a.cluster(ctx)
+}
+
+func (a *API) cluster(ctx context.Context) (*kvindexv1.ClusterResponse, error) {
+	cs, err := a.backend.Cluster(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp := &kvindexv1.ClusterResponse{
+		Leader: cs.LeaderID, Term: cs.Term, CommitIndex: cs.CommitIndex, AppliedIndex: cs.AppliedIndex, NodeId: cs.NodeID,
+	}
+	for _, m := range cs.Members {
+		suffrage := kvindexv1.Suffrage_SUFFRAGE_VOTER
+		if !m.Voter {
+			suffrage = kvindexv1.Suffrage_SUFFRAGE_NONVOTER
+		}
+		resp.Members = append(resp.Members, &kvindexv1.ClusterMember{
+			Id: m.ID, RaftAddr: m.RaftAddr, GrpcAddr: m.GRPCAddr, Suffrage: suffrage,
+			AppliedIndex: m.AppliedIndex, IsLeader: m.IsLeader,
+		})
+	}
+	return resp, nil
+}
+
+func (s adminService) Snapshot(ctx context.Context, _ *kvindexv1.SnapshotRequest) (*kvindexv1.SnapshotResponse, error) {
+	info, err := s.a.backend.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &kvindexv1.SnapshotResponse{Index: info.Index, SizeBytes: info.SizeBytes}, nil
+}
+
+// llmdService implements llm-d's indexer.v1.IndexerService.
+type llmdService struct {
+	indexerv1.UnimplementedIndexerServiceServer
+	a *API
+}
+
+func (s llmdService) GetPodScores(ctx context.Context, req *indexerv1.GetPodScoresRequest) (*indexerv1.GetPodScoresResponse, error) {
+	q := &scoreQuery{model: req.ModelName, text: &req.Prompt}
+	if len(req.PodIdentifiers) > 0 {
+		q.workers = req.PodIdentifiers
+	}
+	res, err := s.a.score(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return &indexerv1.GetPodScoresResponse{Scores: res.podScores()}, nil
+}
+
+// podScores shapes a result as llm-d's scores: one per worker, or one per dp
+// rank for workers with several, highest first.
+func (r *scoreResult) podScores() []*indexerv1.PodScore {
+	var out []*indexerv1.PodScore
+	for _, w := range r.workers {
+		if len(w.ranks) <= 1 {
+			out = append(out, &indexerv1.PodScore{Pod: w.id, Score: float64(w.blocks)})
+			continue
+		}
+		for _, rk := range w.ranks {
+			rank := int32(rk.rank)
+			out = append(out, &indexerv1.PodScore{Pod: w.id, Score: float64(rk.blocks), DataParallelRank: &rank})
+		}
+	}
+	slices.SortStableFunc(out, func(x, y *indexerv1.PodScore) int {
+		switch {
+		case x.Score > y.Score:
+			return -1
+		case x.Score < y.Score:
+			return 1
+		}
+		return strings.Compare(x.Pod, y.Pod)
+	})
+	return out
+}
+
+var workerRoleNames = map[kvindexv1.WorkerRole]string{
+	kvindexv1.WorkerRole_WORKER_ROLE_UNSPECIFIED: "",
+	kvindexv1.WorkerRole_WORKER_ROLE_AGGREGATED:  "aggregated",
+	kvindexv1.WorkerRole_WORKER_ROLE_PREFILL:     "prefill",
+	kvindexv1.WorkerRole_WORKER_ROLE_DECODE:      "decode",
+}
+
+func specFromProto(p *kvindexv1.WorkerSpec) (ingest.WorkerSpec, error) {
+	role, ok := workerRoleNames[p.Role]
+	if !ok {
+		return ingest.WorkerSpec{}, invalidArg("worker.role: unknown role %d", p.Role)
+	}
+	if p.BlockSize > maxBlockSize || p.DpSize > 1<<20 {
+		return ingest.WorkerSpec{}, invalidArg("worker %q: block_size=%d or dp_size=%d out of range", p.Id, p.BlockSize, p.DpSize)
+	}
+	spec := ingest.WorkerSpec{
+		ID: p.Id, Model: p.Model, BlockSize: int(p.BlockSize), DPSize: int(p.DpSize),
+		Endpoint: p.EventsEndpoint, Topic: p.EventsTopic, Replay: p.ReplayEndpoint, HTTP: p.HttpEndpoint,
+		Role: role, Labels: p.Labels,
+	}
+	if len(spec.Labels) == 0 {
+		spec.Labels = nil
+	}
+	return spec, nil
+}
+
+// statusCode is the gRPC code an error maps to (used in tests and logs).
+func statusCode(err error) codes.Code { return status.Code(grpcError(err)) }

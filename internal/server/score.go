@@ -1,0 +1,346 @@
+package server
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvindex/kvindex/internal/kvblock"
+	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/tokenize"
+)
+
+// maxBlockSize bounds block_size in requests (as ingest bounds it for workers).
+const maxBlockSize = 1 << 16
+
+// scoreQuery is one scoring request, whatever API it came through. Exactly one
+// of tokens, text, messages and localKeys is the prompt.
+type scoreQuery struct {
+	model, lora, salt string
+	blockSize         int // 0: the block size of the model's workers
+	tokens            []uint32
+	hasTokens         bool
+	text              *string
+	messages          []tokenize.Message
+	chat              tokenize.ChatOptions
+	// localKeys are block keys the caller computed (QueryByHash, local kind).
+	localKeys []uint64
+	byHash    bool
+	// workers are the candidates; nil means every worker of the model.
+	workers      []string
+	linearizable bool
+}
+
+// scoreResult is the answer to a scoreQuery, before any API shapes it.
+type scoreResult struct {
+	model        string
+	blockSize    int
+	promptTokens int
+	totalBlocks  int
+	applied      uint64
+	// workers holds every candidate, highest blocks first, ties by id.
+	workers []workerResult
+}
+
+type workerResult struct {
+	id string
+	// registered says the worker is in the registry; ranks is empty otherwise.
+	registered bool
+	// The figures of the worker's best dp rank.
+	blocks  int
+	perTier [radix.NumTiers]int
+	ranks   []rankResult // by rank
+}
+
+type rankResult struct {
+	rank    uint32
+	blocks  int
+	perTier [radix.NumTiers]int
+}
+
+// score answers q from the backend's index.
+func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
+	if q.model == "" {
+		return nil, invalidArg("model is required")
+	}
+	if q.blockSize < 0 || q.blockSize > maxBlockSize {
+		return nil, invalidArg("block_size=%d must be between 1 and %d", q.blockSize, maxBlockSize)
+	}
+	if q.linearizable {
+		if err := a.backend.Linearizable(ctx); err != nil {
+			return nil, err
+		}
+	}
+	view, err := a.view.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	mv := view.byModel[q.model]
+	bs, err := mv.resolveBlockSize(q.model, q.blockSize, a.defaultBlockSize)
+	if err != nil {
+		return nil, err
+	}
+	res := &scoreResult{model: q.model, blockSize: bs}
+
+	kb := keyPool.Get().(*[]uint64)
+	defer keyPool.Put(kb)
+	keys := (*kb)[:0]
+	if q.byHash {
+		if len(q.localKeys) > a.maxPromptTokens {
+			return nil, fmt.Errorf("%w: %d block hashes, more than the limit of %d", ErrTooLarge, len(q.localKeys), a.maxPromptTokens)
+		}
+		keys = q.localKeys
+	} else {
+		tokens, err := a.promptTokens(q)
+		if err != nil {
+			return nil, err
+		}
+		res.promptTokens = len(tokens)
+		keys = kvblock.AppendLocalHashes(keys, tokens, bs, q.lora)
+		*kb = keys
+	}
+	res.totalBlocks = len(keys)
+	ns := kvblock.Namespace{Model: q.model, LoRA: q.lora, CacheSalt: q.salt}
+	nsID := ns.ID()
+	a.names.learn(nsID, ns)
+
+	candidates := q.workers
+	if candidates == nil {
+		candidates = mv.ids()
+	} else {
+		candidates = slices.Compact(slices.Sorted(slices.Values(candidates)))
+	}
+	// Only workers of the model with the same block size can hold these keys.
+	filter := make([]string, 0, len(candidates))
+	for _, id := range candidates {
+		if w := view.byID[id]; w != nil && w.model == q.model && (w.blockSize == 0 || w.blockSize == bs) {
+			filter = append(filter, id)
+		}
+	}
+	mb := matchPool.Get().(*[]radix.WorkerMatch)
+	defer matchPool.Put(mb)
+	res.applied = a.backend.AppliedIndex()
+	matches := a.backend.Index().Match(nsID, keys, filter, (*mb)[:0])
+	*mb = matches
+
+	res.workers = make([]workerResult, 0, len(candidates))
+	m := 0
+	for _, id := range candidates {
+		for m < len(matches) && matches[m].Worker.Worker < id {
+			m++
+		}
+		wr := workerResult{id: id}
+		if w := view.byID[id]; w != nil {
+			wr.registered = true
+			wr.ranks = make([]rankResult, w.ranks)
+			for r := range wr.ranks {
+				wr.ranks[r].rank = uint32(r)
+			}
+		}
+		for ; m < len(matches) && matches[m].Worker.Worker == id; m++ {
+			wm := &matches[m]
+			rank := wm.Worker.DPRank
+			for uint32(len(wr.ranks)) <= rank {
+				wr.ranks = append(wr.ranks, rankResult{rank: uint32(len(wr.ranks))})
+			}
+			wr.ranks[rank].blocks, wr.ranks[rank].perTier = wm.Blocks, wm.PerTier
+			if wm.Blocks > wr.blocks {
+				wr.blocks, wr.perTier = wm.Blocks, wm.PerTier
+			}
+		}
+		res.workers = append(res.workers, wr)
+	}
+	slices.SortStableFunc(res.workers, func(x, y workerResult) int { return cmp.Compare(y.blocks, x.blocks) })
+	return res, nil
+}
+
+// promptTokens returns the prompt of q as token ids, tokenizing text and chat
+// messages with the model's tokenizer.
+func (a *API) promptTokens(q *scoreQuery) ([]uint32, error) {
+	given := 0
+	for _, set := range []bool{q.hasTokens, q.text != nil, q.messages != nil} {
+		if set {
+			given++
+		}
+	}
+	switch {
+	case given == 0:
+		return nil, invalidArg("the prompt is missing: give one of token_ids, text (prompt) or messages")
+	case given > 1:
+		return nil, invalidArg("give only one of token_ids, text (prompt) and messages")
+	}
+	tokens := q.tokens
+	if !q.hasTokens {
+		tok, err := a.tokenizer(q.model)
+		if err != nil {
+			return nil, err
+		}
+		if q.text != nil {
+			if len(*q.text) > a.maxPromptBytes() {
+				return nil, fmt.Errorf("%w: text of %d bytes, more than the limit of %d", ErrTooLarge, len(*q.text), a.maxPromptBytes())
+			}
+			tokens = tok.Encode(*q.text, true)
+		} else {
+			if len(q.messages) == 0 {
+				return nil, invalidArg("messages must not be empty")
+			}
+			rendered, err := tok.ApplyChatTemplate(q.messages, q.chat)
+			if err != nil {
+				return nil, fmt.Errorf("%w: messages: %w", ErrInvalidArgument, err)
+			}
+			if len(rendered) > a.maxPromptBytes() {
+				return nil, fmt.Errorf("%w: rendered chat of %d bytes, more than the limit of %d", ErrTooLarge, len(rendered), a.maxPromptBytes())
+			}
+			tokens = tok.Encode(rendered, false)
+		}
+	}
+	if len(tokens) > a.maxPromptTokens {
+		return nil, fmt.Errorf("%w: the prompt has %d tokens, more than the limit of %d (--max-prompt-tokens)", ErrTooLarge, len(tokens), a.maxPromptTokens)
+	}
+	return tokens, nil
+}
+
+// maxPromptBytes bounds text before tokenizing: no tokenizer makes fewer than
+// one token of 64 bytes, so a longer text could only fail the token limit.
+func (a *API) maxPromptBytes() int { return 64 * a.maxPromptTokens }
+
+// tokenizer returns the model's tokenizer, or the fallback one when configured.
+func (a *API) tokenizer(model string) (tokenize.Tokenizer, error) {
+	t, err := a.tokenizers.Lookup(model)
+	if err == nil {
+		return t, nil
+	}
+	if a.fallback != nil {
+		return a.fallback, nil
+	}
+	return nil, fmt.Errorf("%w: no tokenizer for model %q; send token_ids, or start the indexer with --tokenizer %s=<dir>", ErrUnknownModel, model, model)
+}
+
+var (
+	keyPool   = sync.Pool{New: func() any { return new([]uint64) }}
+	matchPool = sync.Pool{New: func() any { return new([]radix.WorkerMatch) }}
+)
+
+// registryView is a read-only copy of the worker registry arranged for
+// scoring: who serves which model with which block size.
+type registryView struct {
+	built   time.Time
+	byID    map[string]*viewWorker
+	byModel map[string]*modelView
+}
+
+type viewWorker struct {
+	id, model string
+	blockSize int    // effective: the spec's, else --block-size; 0 when unknown
+	ranks     uint32 // dp ranks
+}
+
+type modelView struct {
+	workers    []*viewWorker // by id
+	blockSizes []int         // distinct known block sizes, ascending
+}
+
+func (mv *modelView) ids() []string {
+	if mv == nil {
+		return []string{}
+	}
+	ids := make([]string, len(mv.workers))
+	for i, w := range mv.workers {
+		ids[i] = w.id
+	}
+	return ids
+}
+
+// resolveBlockSize returns the block size to cut a prompt for model with: the
+// requested one, else the one the model's workers share, else the default.
+func (mv *modelView) resolveBlockSize(model string, requested, fallback int) (int, error) {
+	if requested > 0 {
+		return requested, nil
+	}
+	if mv != nil {
+		switch len(mv.blockSizes) {
+		case 1:
+			return mv.blockSizes[0], nil
+		case 0:
+		default:
+			return 0, invalidArg("workers of model %q use block sizes %v: give block_size", model, mv.blockSizes)
+		}
+	}
+	if fallback > 0 {
+		return fallback, nil
+	}
+	return 0, invalidArg("block_size is required: no worker of model %q states its block size", model)
+}
+
+// viewCache rebuilds the registry view at most every ttl, and at once after a
+// registry change made through this API.
+type viewCache struct {
+	backend          Backend
+	defaultBlockSize int
+	names            *namespaceNames
+	ttl              time.Duration
+	mu               sync.Mutex
+	cur              atomic.Pointer[registryView]
+}
+
+func (c *viewCache) get(ctx context.Context) (*registryView, error) {
+	if v := c.cur.Load(); v != nil && time.Since(v.built) < c.ttl {
+		return v, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v := c.cur.Load(); v != nil && time.Since(v.built) < c.ttl {
+		return v, nil
+	}
+	workers, err := c.backend.Workers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v := &registryView{built: time.Now(), byID: map[string]*viewWorker{}, byModel: map[string]*modelView{}}
+	for _, ws := range workers {
+		w := &viewWorker{id: ws.Spec.ID, model: ws.Spec.Model, blockSize: cmp.Or(ws.Spec.BlockSize, c.defaultBlockSize), ranks: ws.Spec.Ranks()}
+		v.byID[w.id] = w
+		mv := v.byModel[w.model]
+		if mv == nil {
+			mv = &modelView{}
+			v.byModel[w.model] = mv
+			base := kvblock.Namespace{Model: w.model}
+			c.names.learn(base.ID(), base)
+		}
+		mv.workers = append(mv.workers, w)
+		if w.blockSize > 0 && !slices.Contains(mv.blockSizes, w.blockSize) {
+			mv.blockSizes = append(mv.blockSizes, w.blockSize)
+		}
+	}
+	for _, mv := range v.byModel {
+		slices.SortFunc(mv.workers, func(x, y *viewWorker) int { return strings.Compare(x.id, y.id) })
+		slices.Sort(mv.blockSizes)
+	}
+	c.cur.Store(v)
+	return v, nil
+}
+
+// invalidate makes the next get rebuild the view; workerModel keeps reading
+// the old one until then.
+func (c *viewCache) invalidate() {
+	if v := c.cur.Load(); v != nil {
+		c.cur.Store(&registryView{byID: v.byID, byModel: v.byModel})
+	}
+}
+
+// workerModel returns the model of a registered worker, "" when unknown. It
+// must not block: the apply loop calls it (through the ChangeFeed), so it only
+// reads the view last built.
+func (c *viewCache) workerModel(worker string) string {
+	if v := c.cur.Load(); v != nil {
+		if w := v.byID[worker]; w != nil {
+			return w.model
+		}
+	}
+	return ""
+}
