@@ -64,9 +64,11 @@
 // contiguously on any tier, and PerTier[t] = how many of those blocks have t as
 // their fastest held tier (GPU < CPU < Disk), so PerTier sums to Blocks. Only
 // workers with Blocks > 0 are returned, sorted by WorkerKey. Cost: O(depth x
-// holders of the visited nodes) at worst; a run of nodes held by the same workers
-// on the same tiers (a prompt cached whole) costs one comparison per node. It does
-// not allocate when dst has room.
+// holders of the visited nodes) at worst. A run of nodes held by the same workers
+// costs one branch-free pass per node over its holder list (about half a
+// nanosecond a holder), however their tiers vary, and one comparison per node
+// when the tiers do not change either (a prompt cached whole). It does not
+// allocate when dst has room.
 //
 // # Snapshots and digest
 //

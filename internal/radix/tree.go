@@ -146,7 +146,7 @@ func (st *state) release(n uint32) {
 // Holders of a node form one list sorted by worker id: positions 0 and 1 inline,
 // 2 and up in st.extra[node.more], filled from the front. Sorted, the lists of two
 // nodes held by the same workers on the same tiers are byte-identical whatever
-// order the workers stored them in, which Match exploits (sameHolders).
+// order the workers stored them in, which Match exploits.
 
 func (st *state) holderCount(nd *node) int {
 	switch {
@@ -193,10 +193,16 @@ func (st *state) findHolder(n, wid uint32) (pos int, found bool, count int) {
 	return count, false, count
 }
 
-// sameHolders reports whether nodes a and b have identical holder lists.
-func (st *state) sameHolders(a, b uint32) bool {
-	na, nb := &st.nodes[a], &st.nodes[b]
-	return na.holders == nb.holders && bytes.Equal(asBytes(st.moreHolders(na)), asBytes(st.moreHolders(nb)))
+// sameHolders reports whether two nodes, given with their extra holders, have
+// identical holder lists.
+func sameHolders(a *node, aMore []uint32, b *node, bMore []uint32) bool {
+	return a.holders == b.holders && bytes.Equal(asBytes(aMore), asBytes(bMore))
+}
+
+// asWords views holders as uint64 words, two holders each; an odd last holder is
+// left out.
+func asWords(s []uint32) []uint64 {
+	return unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(s))), len(s)/2)
 }
 
 // asBytes views holders as bytes, so comparing lists is one vectorised memequal
