@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/subtle"
 	"fmt"
 	"log/slog"
@@ -78,7 +79,10 @@ func NewAPI(b Backend, cfg APIConfig, logger *slog.Logger) (*API, error) {
 		maxBodyBytes: cfg.MaxBodyBytes, adminToken: cfg.AdminToken, nodeID: cfg.NodeID,
 		gatherer: cfg.Gatherer, names: &namespaceNames{},
 	}
-	a.view = &viewCache{backend: b, defaultBlockSize: cfg.DefaultBlockSize, names: a.names, ttl: viewTTL}
+	a.view = &viewCache{backend: b, log: logger, defaultBlockSize: cfg.DefaultBlockSize, names: a.names, ttl: viewTTL}
+	if _, err := a.view.get(context.Background()); err != nil {
+		return nil, fmt.Errorf("reading the worker registry: %w", err)
+	}
 	b.Changes().name(a.names, a.view.workerModel)
 	var err error
 	if a.metrics, err = newAPIMetrics(cfg.Registerer, b.Index()); err != nil {

@@ -175,6 +175,9 @@ func (b *localBackend) UnregisterWorker(ctx context.Context, id string) (uint64,
 	if _, ok := b.lookup(id); !ok {
 		return 0, fmt.Errorf("%w: no worker %q", ErrNotFound, id)
 	}
+	if !b.running.Load() {
+		return 0, fmt.Errorf("%w: the apply loop is not running, so blocks cannot be removed", ErrUnavailable)
+	}
 	// The Manager queues the removal of the worker's blocks behind the batches
 	// already submitted; Flush waits until it is applied.
 	b.ingest.RemoveWorker(id)

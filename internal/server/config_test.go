@@ -34,7 +34,8 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 		t.Fatalf("--help = %v", err)
 	}
 	for _, name := range []string{"node-id", "data-dir", "grpc-addr", "http-addr", "zmq-bind", "worker", "workers-file",
-		"kv-event-transport", "nats-url", "nats-subject-prefix", "block-size", "max-body-bytes", "config"} {
+		"kv-event-transport", "nats-url", "nats-subject-prefix", "block-size", "max-body-bytes", "config",
+		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer"} {
 		if !strings.Contains(help.String(), "--"+name+" ") {
 			t.Errorf("--help does not document --%s", name)
 		}
@@ -57,6 +58,9 @@ replay-timeout: 3s
 worker:
   - id=f1,model=M,endpoint=tcp://10.0.0.1:5557
   - id=f2,model=M
+tokenizer:
+  - M=builtin
+admin-token: from-file
 `
 	if err := os.WriteFile(path, []byte(file), 0o644); err != nil {
 		t.Fatal(err)
@@ -67,7 +71,8 @@ worker:
 		t.Fatal(err)
 	}
 	if cfg.NodeID != "from-file" || cfg.HTTPAddr != "127.0.0.1:9100" || cfg.GRPCAddr != "127.0.0.1:9300" ||
-		cfg.Ingest.DefaultBlockSize != 32 || cfg.Ingest.ReplayTimeout != 3*time.Second || len(cfg.Ingest.Workers) != 2 {
+		cfg.Ingest.DefaultBlockSize != 32 || cfg.Ingest.ReplayTimeout != 3*time.Second || len(cfg.Ingest.Workers) != 2 ||
+		len(cfg.Tokenizers) != 1 || cfg.Tokenizers[0].Dir != "builtin" || cfg.AdminToken != "from-file" {
 		t.Errorf("precedence wrong: %+v", cfg)
 	}
 	cfg, err = ParseFlags([]string{"--worker", "id=cli,model=M"}, &bytes.Buffer{}, env(map[string]string{"KVINDEX_CONFIG": path}))
@@ -104,6 +109,9 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{[]string{"--log-level", "loud"}, nil, "--log-level=\"loud\""},
 		{[]string{"--max-body-bytes", "10"}, nil, "--max-body-bytes=10"},
 		{[]string{"--ingest-queue", "0"}, nil, "--ingest-queue=0"},
+		{[]string{"--max-prompt-tokens", "0"}, nil, "--max-prompt-tokens=0"},
+		{[]string{"--tls-key", "k.pem"}, nil, "--tls-cert and --tls-key go together"},
+		{[]string{"--tokenizer", "no-equals-sign"}, nil, "want <model>=<dir>"},
 		{[]string{"stray"}, nil, "unexpected argument"},
 		{nil, map[string]string{"KVINDEX_BLOCK_SIZE": "many"}, "KVINDEX_BLOCK_SIZE"},
 		{[]string{"--config", write("unknown.yaml", "colour: red\n")}, nil, `unknown key "colour"`},

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/ingest"
@@ -191,9 +192,35 @@ func decodeProto(r *http.Request, m proto.Message) error {
 		return err
 	}
 	if err := protoUnJSON.Unmarshal(body, m); err != nil {
-		return invalidArg("%s: %v", m.ProtoReflect().Descriptor().Name(), err)
+		d := m.ProtoReflect().Descriptor()
+		return invalidArg("%s: %s", d.Name(), protoFieldNames(d).Replace(err.Error()))
 	}
 	return nil
+}
+
+// protoFieldNames rewrites the lowerCamel JSON names protojson's errors use
+// ("field tokenIds") to the snake_case names the API documents.
+func protoFieldNames(d protoreflect.MessageDescriptor) *strings.Replacer {
+	var pairs []string
+	seen := map[protoreflect.FullName]bool{}
+	var walk func(protoreflect.MessageDescriptor)
+	walk = func(d protoreflect.MessageDescriptor) {
+		if seen[d.FullName()] {
+			return
+		}
+		seen[d.FullName()] = true
+		for i := range d.Fields().Len() {
+			f := d.Fields().Get(i)
+			if f.JSONName() != string(f.Name()) {
+				pairs = append(pairs, "field "+f.JSONName(), "field "+string(f.Name()))
+			}
+			if f.Message() != nil {
+				walk(f.Message())
+			}
+		}
+	}
+	walk(d)
+	return strings.NewReplacer(pairs...)
 }
 
 func writeProto(w http.ResponseWriter, m proto.Message) error {
@@ -330,11 +357,15 @@ func (a *API) handleRegister(w http.ResponseWriter, r *http.Request) error {
 		}
 		return writeProto(w, resp)
 	}
-	spec, err := req.spec(r.Context(), a)
-	if err != nil {
-		return err
+	spec, replaces, err := req.spec(r.Context(), a)
+	switch {
+	case err != nil:
+	case replaces:
+		err = a.reRegister(r.Context(), spec)
+	default:
+		_, err = a.registerWorker(r.Context(), spec)
 	}
-	if _, err := a.registerWorker(r.Context(), spec); err != nil {
+	if err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, map[string]string{"status": "ok", "instance_id": spec.ID})
@@ -342,21 +373,22 @@ func (a *API) handleRegister(w http.ResponseWriter, r *http.Request) error {
 }
 
 // spec turns the compatible form into a WorkerSpec. A dp rank above 0 extends
-// an already registered worker whose rank-0 endpoint, offset by the rank, is
-// the endpoint given (kvindex derives rank r's endpoints as port + r).
-func (req *registerJSON) spec(ctx context.Context, a *API) (ingest.WorkerSpec, error) {
+// the registered worker whose rank-0 endpoint, offset by the rank, is the
+// endpoint given (kvindex derives rank r's endpoints as port + r); replaces
+// then says the worker's spec changes.
+func (req *registerJSON) spec(ctx context.Context, a *API) (spec ingest.WorkerSpec, replaces bool, err error) {
 	id, err := instanceID(req.InstanceID)
 	if err != nil {
-		return ingest.WorkerSpec{}, err
+		return spec, false, err
 	}
 	model, err := oneModel(req.Model, req.ModelName, req.ModelNameMC)
 	if err != nil {
-		return ingest.WorkerSpec{}, err
+		return spec, false, err
 	}
-	spec := ingest.WorkerSpec{ID: id, Model: model, Endpoint: req.Endpoint, Replay: req.ReplayEndpoint}
+	spec = ingest.WorkerSpec{ID: id, Model: model, Endpoint: req.Endpoint, Replay: req.ReplayEndpoint}
 	if req.BlockSize != nil {
 		if *req.BlockSize < 1 || *req.BlockSize > maxBlockSize {
-			return ingest.WorkerSpec{}, invalidArg("block_size=%d must be between 1 and %d", *req.BlockSize, maxBlockSize)
+			return spec, false, invalidArg("block_size=%d must be between 1 and %d", *req.BlockSize, maxBlockSize)
 		}
 		spec.BlockSize = int(*req.BlockSize)
 	}
@@ -365,21 +397,14 @@ func (req *registerJSON) spec(ctx context.Context, a *API) (ingest.WorkerSpec, e
 		rank = *req.DPRank
 	}
 	if rank < 0 || rank >= 1024 {
-		return ingest.WorkerSpec{}, invalidArg("dp_rank=%d must be between 0 and 1023", rank)
+		return spec, false, invalidArg("dp_rank=%d must be between 0 and 1023", rank)
 	}
 	if rank == 0 {
-		return spec, nil
-	}
-	view, err := a.view.get(ctx)
-	if err != nil {
-		return ingest.WorkerSpec{}, err
-	}
-	if view.byID[id] == nil {
-		return ingest.WorkerSpec{}, invalidArg("dp_rank=%d of %q: register dp rank 0 first", rank, id)
+		return spec, false, nil
 	}
 	list, err := a.backend.Workers(ctx)
 	if err != nil {
-		return ingest.WorkerSpec{}, err
+		return spec, false, err
 	}
 	for _, ws := range list {
 		if ws.Spec.ID != id {
@@ -388,12 +413,26 @@ func (req *registerJSON) spec(ctx context.Context, a *API) (ingest.WorkerSpec, e
 		base := ws.Spec
 		want, err := ingest.OffsetEndpoint(base.Endpoint, uint32(rank))
 		if err != nil || want != req.Endpoint {
-			return ingest.WorkerSpec{}, invalidArg("dp_rank=%d of %q: endpoint %q is not rank 0's endpoint %q offset by %d (%s)", rank, id, req.Endpoint, base.Endpoint, rank, want)
+			return spec, false, invalidArg("dp_rank=%d of %q: endpoint %q is not rank 0's endpoint %q offset by %d (%s)", rank, id, req.Endpoint, base.Endpoint, rank, want)
 		}
-		base.DPSize = max(base.DPSize, int(rank)+1)
-		return base, nil
+		if int64(base.Ranks()) > rank {
+			return base, false, nil
+		}
+		base.DPSize = int(rank) + 1
+		return base, true, nil
 	}
-	return ingest.WorkerSpec{}, fmt.Errorf("%w: no worker %q", ErrNotFound, id)
+	return spec, false, invalidArg("dp_rank=%d of %q: register dp rank 0 first", rank, id)
+}
+
+// reRegister replaces a worker's spec: the registry keeps one spec per id, so
+// the worker leaves (its blocks with it) and comes back, and ingest reads its
+// engine's replay buffer again.
+func (a *API) reRegister(ctx context.Context, spec ingest.WorkerSpec) error {
+	if _, err := a.unregisterWorker(ctx, spec.ID); err != nil {
+		return err
+	}
+	_, err := a.registerWorker(ctx, spec)
+	return err
 }
 
 // instanceID reads an instance id given as a JSON string or number.

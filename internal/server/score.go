@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -281,11 +282,13 @@ func (mv *modelView) resolveBlockSize(model string, requested, fallback int) (in
 // registry change made through this API.
 type viewCache struct {
 	backend          Backend
+	log              *slog.Logger
 	defaultBlockSize int
 	names            *namespaceNames
 	ttl              time.Duration
 	mu               sync.Mutex
 	cur              atomic.Pointer[registryView]
+	refreshing       atomic.Bool
 }
 
 func (c *viewCache) get(ctx context.Context) (*registryView, error) {
@@ -334,10 +337,21 @@ func (c *viewCache) invalidate() {
 }
 
 // workerModel returns the model of a registered worker, "" when unknown. It
-// must not block: the apply loop calls it (through the ChangeFeed), so it only
-// reads the view last built.
+// must not block: the apply loop calls it (through the ChangeFeed), so it reads
+// the view last built and, when that is stale, has it rebuilt in the background.
 func (c *viewCache) workerModel(worker string) string {
-	if v := c.cur.Load(); v != nil {
+	v := c.cur.Load()
+	if v == nil || time.Since(v.built) >= c.ttl {
+		if c.refreshing.CompareAndSwap(false, true) {
+			go func() {
+				defer c.refreshing.Store(false)
+				if _, err := c.get(context.Background()); err != nil {
+					c.log.Warn("refreshing the worker registry view", "err", err)
+				}
+			}()
+		}
+	}
+	if v != nil {
 		if w := v.byID[worker]; w != nil {
 			return w.model
 		}

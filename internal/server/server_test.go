@@ -72,6 +72,7 @@ func TestServerFollowsAnEngineAndReportsIt(t *testing.T) {
 	e := startEngine(t)
 	cfg := DefaultConfig()
 	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.GRPCAddr = "127.0.0.1:0"
 	cfg.Ingest.PollInterval = 10 * time.Millisecond
 	cfg.Ingest.IdleReplayInterval = 20 * time.Millisecond
 	cfg.Ingest.DefaultBlockSize = 4

@@ -1,0 +1,156 @@
+package server
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+)
+
+// testPKI is a CA with a server and a client certificate, as PEM files.
+type testPKI struct {
+	dir                  string
+	caFile               string
+	serverCert, serverKy string
+	clientCert           tls.Certificate
+	pool                 *x509.CertPool
+}
+
+func newTestPKI(t *testing.T) *testPKI {
+	t.Helper()
+	dir := t.TempDir()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kvindex test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	issue := func(serial int64, name string, usage x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey) {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return der, key
+	}
+	write := func(name, kind string, der []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	keyDER := func(k *ecdsa.PrivateKey) []byte {
+		der, err := x509.MarshalECPrivateKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return der
+	}
+	p := &testPKI{dir: dir, caFile: write("ca.pem", "CERTIFICATE", caDER), pool: x509.NewCertPool()}
+	p.pool.AddCert(ca)
+	sDER, sKey := issue(2, "indexer", x509.ExtKeyUsageServerAuth)
+	p.serverCert, p.serverKy = write("server.pem", "CERTIFICATE", sDER), write("server-key.pem", "EC PRIVATE KEY", keyDER(sKey))
+	cDER, cKey := issue(3, "client", x509.ExtKeyUsageClientAuth)
+	p.clientCert, err = tls.X509KeyPair(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cDER}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER(cKey)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestMutualTLS serves gRPC and REST with --tls-cert/--tls-key/--tls-client-ca:
+// a client with a certificate from the CA gets answers; one without, or one
+// speaking plaintext, is refused.
+func TestMutualTLS(t *testing.T) {
+	pki := newTestPKI(t)
+	clientTLS := &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{pki.clientCert}, ServerName: "127.0.0.1"}
+	f := newFixture(t, fixtureOptions{engines: defaultEngines[:1], clientTLS: clientTLS, configure: func(c *Config) {
+		c.TLSCert, c.TLSKey, c.TLSClientCA = pki.serverCert, pki.serverKy, pki.caFile
+	}})
+	ctx := context.Background()
+	f.generate("e0", 0, tokens(0, 8), "")
+	resp, err := f.index.Score(ctx, &kvindexv1.ScoreRequest{Model: testModel, TokenIds: tokens(0, 8)})
+	if err != nil || resp.Scores[0].MatchedBlocks != 2 {
+		t.Fatalf("Score over mTLS = %v, %v", resp, err)
+	}
+	if code, body := f.postJSON("/kv-cache/hit-rate", map[string]any{"model": testModel, "token_ids": tokens(0, 8)}); code != 200 {
+		t.Errorf("REST over mTLS = %d %s", code, body)
+	}
+
+	refused := func(name string, creds credentials.TransportCredentials) {
+		t.Helper()
+		conn, err := grpc.NewClient(f.srv.GRPCAddr(), grpc.WithTransportCredentials(creds))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if _, err := kvindexv1.NewIndexServiceClient(conn).Stats(cctx, &kvindexv1.StatsRequest{}); err == nil {
+			t.Errorf("gRPC %s was served", name)
+		}
+	}
+	refused("without a client certificate", credentials.NewTLS(&tls.Config{RootCAs: pki.pool, ServerName: "127.0.0.1"}))
+	refused("in plaintext", insecure.NewCredentials())
+
+	noCert := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pki.pool}}}
+	if _, err := noCert.Get(f.base + "/healthz"); err == nil {
+		t.Error("HTTPS without a client certificate was served")
+	}
+	// Go's TLS server answers a plaintext request with a 400 of its own.
+	if resp, err := http.Get("http://" + f.srv.HTTPAddr() + "/healthz"); err == nil && resp.StatusCode == http.StatusOK {
+		t.Error("plain HTTP was served")
+	}
+}
+
+func TestTLSConfigErrors(t *testing.T) {
+	pki := newTestPKI(t)
+	for _, c := range []struct {
+		configure func(*Config)
+		want      string
+	}{
+		{func(c *Config) { c.TLSCert = pki.serverCert }, "--tls-cert and --tls-key go together"},
+		{func(c *Config) { c.TLSClientCA = pki.caFile }, "--tls-client-ca needs"},
+		{func(c *Config) { c.TLSCert, c.TLSKey = pki.serverCert, pki.caFile }, "--tls-cert/--tls-key"},
+		{func(c *Config) { c.TLSCert, c.TLSKey, c.TLSClientCA = pki.serverCert, pki.serverKy, pki.serverKy }, "no PEM certificate"},
+		{func(c *Config) { c.Tokenizers[0].Dir = filepath.Join(pki.dir, "missing") }, "--tokenizer=" + testModel},
+		{func(c *Config) { c.FallbackTokenizer = "gpt2" }, "--fallback-tokenizer"},
+	} {
+		cfg := testConfig()
+		c.configure(&cfg)
+		if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("New = %v, want an error mentioning %q", err, c.want)
+		}
+	}
+}
