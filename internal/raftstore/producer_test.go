@@ -155,16 +155,18 @@ func (l *applyLog) observe(_ uint64, b *ingest.StreamBatch, o BatchOutcome, _ in
 }
 
 // audit compares what this incarnation applied, from an empty state, with what was
-// published up to last (per stream): lost = seqs never applied, dup = seqs applied
-// more than once. With last nil (an incarnation killed midway) it checks each
-// stream up to the highest seq applied: any hole below it is a loss.
+// published, seqs 0 to last (per stream): lost = seqs never applied, dup = seqs
+// applied more than once. With last nil (an incarnation killed midway, or streams
+// whose first batches predate the test) it checks each stream from the lowest to
+// the highest seq applied: any hole between is a loss.
 func (l *applyLog) audit(last map[ingest.Stream]uint64) (lost, dup, applied int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	first := map[ingest.Stream]uint64{}
 	if last == nil {
 		last = map[ingest.Stream]uint64{}
 		for s, seqs := range l.applied {
-			last[s] = slices.Max(seqs)
+			first[s], last[s] = slices.Min(seqs), slices.Max(seqs)
 		}
 	}
 	for s, top := range last {
@@ -175,6 +177,7 @@ func (l *applyLog) audit(last map[ingest.Stream]uint64) (lost, dup, applied int)
 			}
 			applied++
 		}
+		seen = seen[first[s]:]
 		for _, n := range seen {
 			switch {
 			case n == 0:
@@ -185,6 +188,16 @@ func (l *applyLog) audit(last map[ingest.Stream]uint64) (lost, dup, applied int)
 		}
 	}
 	return lost, dup, applied
+}
+
+// lastApplied is the highest seq of s applied.
+func (l *applyLog) lastApplied(s ingest.Stream) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.applied[s]) == 0 {
+		return 0
+	}
+	return slices.Max(l.applied[s])
 }
 
 // waitCaughtUp waits until every running node's cursor of every stream is at the
