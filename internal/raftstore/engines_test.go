@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -18,14 +19,19 @@ import (
 	"github.com/kvindex/kvindex/internal/radix"
 )
 
-// TestLeaderKillWithFakeEngines is the leader-kill test with the real pipeline:
-// fake vLLM engines publish KV events on ZMQ with replay sockets, every node runs
-// ingest's Manager while it leads (Manager.Run with the Node as Sink and its
-// Applier as CursorSource), and the leader is killed abruptly several times while
-// the engines serve requests. In the end every replica holds the same index, it
-// holds exactly the blocks the engines cache, and every replica applied every
-// batch of every stream once.
-func TestLeaderKillWithFakeEngines(t *testing.T) {
+// TestLeaderKillSoakWithFakeEngines is the leader-kill test with the real
+// pipeline: fake vLLM engines publish KV events on ZMQ with replay sockets, every
+// node runs ingest's Manager while it leads (Manager.Run with the Node as Sink and
+// its Applier as CursorSource), and the leader is killed abruptly several times
+// while the engines serve requests. In the end every replica holds the same
+// index, it holds exactly the blocks the engines cache, and every replica applied
+// every batch of every stream once. With KVINDEX_LONG=1 (make test-long) the
+// leader is killed every 10 s for 2 minutes.
+func TestLeaderKillSoakWithFakeEngines(t *testing.T) {
+	kills, every := 3, 1500*time.Millisecond
+	if os.Getenv("KVINDEX_LONG") != "" {
+		kills, every = 12, 10*time.Second
+	}
 	engines := []*fakeengine.Engine{startFakeEngine(t, 1), startFakeEngine(t, 2)}
 	specs := []ingest.WorkerSpec{engineSpec("engine-a", engines[0]), engineSpec("engine-b", engines[1])}
 
@@ -117,8 +123,8 @@ func TestLeaderKillWithFakeEngines(t *testing.T) {
 	}
 
 	var failovers []time.Duration
-	for range 3 {
-		time.Sleep(1500 * time.Millisecond)
+	for range kills {
+		time.Sleep(every)
 		old := c.leaderNode(20 * time.Second)
 		oldNode := old.get()
 		start := time.Now()
@@ -197,9 +203,9 @@ func TestLeaderKillWithFakeEngines(t *testing.T) {
 	logsMu.Unlock()
 	var total int
 	requests.Range(func(_, v any) bool { total += v.(int); return true })
-	t.Logf("leader kills: 3; requests served: %d; event batches published: %d over %d streams; cached blocks compared: %d; "+
+	t.Logf("leader kills: %d; requests served: %d; event batches published: %d over %d streams; cached blocks compared: %d; "+
 		"lost: %d; applied twice: %d; re-proposed batches dropped by the cursors (max over replicas): %d; time to new leader: %v",
-		total, published, len(last), cached, lost, dup, reproposed, failovers)
+		kills, total, published, len(last), cached, lost, dup, reproposed, failovers)
 }
 
 func startFakeEngine(t *testing.T, dpSize int) *fakeengine.Engine {

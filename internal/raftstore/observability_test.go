@@ -1,0 +1,134 @@
+package raftstore
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func TestHCLogAdapter(t *testing.T) {
+	var buf bytes.Buffer
+	base := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	l := newHCLogger(base, "raft")
+	l.Trace("below debug: dropped by the handler")
+	l.Debug("debug line", "k", 1)
+	l.Named("net").With("peer", "n2").Warn("warn line", "err", "boom")
+	l.SetLevel(hclog.Error)
+	l.Info("dropped by SetLevel")
+	l.Error("error line")
+	l.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Error}).Print("from the standard logger")
+	out := buf.String()
+	for _, want := range []string{
+		`level=DEBUG msg="debug line" component=raft k=1`,
+		`level=WARN msg="warn line" peer=n2 component=raft.net err=boom`,
+		`level=ERROR msg="error line" component=raft`,
+		`level=ERROR msg="from the standard logger" component=raft`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, unwanted := range []string{"below debug", "dropped by SetLevel"} {
+		if strings.Contains(out, unwanted) {
+			t.Errorf("output has %q:\n%s", unwanted, out)
+		}
+	}
+	if l.IsDebug() || !l.IsError() || l.Name() != "raft" || l.GetLevel() != hclog.Error {
+		t.Error("level or name accessors disagree with the settings")
+	}
+}
+
+// TestMetricsAreExported runs a node with its own registry and raft's metrics
+// exported to a second one, and checks that both see the work done.
+func TestMetricsAreExported(t *testing.T) {
+	raftReg := prometheus.NewRegistry()
+	if err := ExportRaftMetrics(raftReg, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	cfg := testConfig()
+	cfg.NodeID, cfg.DataDir, cfg.RaftAddr, cfg.Bootstrap, cfg.Registerer = "solo", t.TempDir(), "127.0.0.1:0", true, reg
+	n, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Shutdown(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for !n.IsLeader() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, b := range genBatches(testStreams(2), 40, 4) {
+		if err := n.Submit(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewNode(cfg); err == nil {
+		t.Error("a second node registering the same metrics on one registry was accepted")
+	}
+	values := gather(t, reg)
+	if values["kvindex_raft_applied_batches_total"] != 40 || values["kvindex_raft_proposed_batches_total"] != 40 ||
+		values["kvindex_raft_leader_sessions_total"] != 1 || values["kvindex_raft_commit_seconds"] == 0 {
+		t.Errorf("node metrics %v", values)
+	}
+	raftValues := gather(t, raftReg)
+	if raftValues["kvindex_raft_apply"] == 0 || raftValues["kvindex_raft_commitTime"] == 0 {
+		t.Errorf("raft's apply and commit metrics were not exported: %v", raftValues)
+	}
+	t.Logf("raft metric families exported: %v", slices.Sorted(maps.Keys(raftValues)))
+}
+
+// gather returns each metric family's first sample: counter or gauge value,
+// or histogram/summary sample count.
+func gather(t *testing.T, g prometheus.Gatherer) map[string]float64 {
+	t.Helper()
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range fams {
+		m := f.GetMetric()[0]
+		switch {
+		case m.Counter != nil:
+			out[f.GetName()] = m.Counter.GetValue()
+		case m.Gauge != nil:
+			out[f.GetName()] = m.Gauge.GetValue()
+		case m.Histogram != nil:
+			out[f.GetName()] = float64(m.Histogram.GetSampleCount())
+		case m.Summary != nil:
+			out[f.GetName()] = float64(m.Summary.GetSampleCount())
+		}
+	}
+	return out
+}
+
+// TestLinearizableBarrierFailsOnAnIsolatedLeader: a leader cut off from the
+// majority must not confirm a read.
+func TestLinearizableBarrierFailsOnAnIsolatedLeader(t *testing.T) {
+	c := makeCluster(t, 3, nil)
+	old := c.leaderNode(10 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := old.get().LinearizableBarrier(ctx); err != nil {
+		t.Fatalf("barrier on a healthy leader: %v", err)
+	}
+	c.net.partition(old.id)
+	if err := old.get().LinearizableBarrier(ctx); err == nil {
+		t.Error("an isolated leader confirmed a linearizable read")
+	} else if ctx.Err() != nil {
+		t.Errorf("barrier on an isolated leader waited until the deadline (%v) instead of failing", err)
+	}
+	c.net.heal()
+}
