@@ -1,0 +1,360 @@
+package kvindex
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+)
+
+// Options configure a Client.
+type Options struct {
+	// Addrs are the gRPC addresses (host:port) of the cluster's members; at
+	// least one. Reads go to the first that answers, writes to the leader.
+	Addrs []string
+	// TLS, when set, dials with TLS (add a client certificate for mTLS);
+	// plaintext otherwise.
+	TLS *tls.Config
+	// AdminToken is sent as "authorization: Bearer <token>" with writes.
+	AdminToken string
+	// MaxAttempts bounds the tries of one call over members and leader
+	// redirects; 0 means len(Addrs) + 2.
+	MaxAttempts int
+	// DialOptions are added to every connection's.
+	DialOptions []grpc.DialOption
+}
+
+// Client talks to a kvindex cluster over gRPC. Reads (Score, QueryByHash,
+// Workers, Stats, Cluster) are idempotent and retried on another member when
+// one is unavailable; writes (RegisterWorker, UnregisterWorker, Join, Leave) go
+// to the leader, following a follower's not-leader answer to the leader it
+// names. Safe for concurrent use.
+type Client struct {
+	opts Options
+
+	mu     sync.Mutex
+	conns  map[string]*grpc.ClientConn // guarded by mu
+	leader string                      // last known leader address; guarded by mu
+	next   int                         // member to start reads at; guarded by mu
+}
+
+// ErrNoMembers: Options.Addrs is empty.
+var ErrNoMembers = errors.New("kvindex: no member addresses")
+
+// New returns a client of the members in opts.Addrs. Connections are made
+// lazily, on first use.
+func New(opts Options) (*Client, error) {
+	if len(opts.Addrs) == 0 {
+		return nil, ErrNoMembers
+	}
+	opts.Addrs = slices.Clone(opts.Addrs)
+	if opts.MaxAttempts <= 0 {
+		opts.MaxAttempts = len(opts.Addrs) + 2
+	}
+	return &Client{opts: opts, conns: map[string]*grpc.ClientConn{}}, nil
+}
+
+// Close closes every connection.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for addr, conn := range c.conns {
+		errs = append(errs, conn.Close())
+		delete(c.conns, addr)
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cc := c.conns[addr]; cc != nil {
+		return cc, nil
+	}
+	creds := insecure.NewCredentials()
+	if c.opts.TLS != nil {
+		creds = credentials.NewTLS(c.opts.TLS)
+	}
+	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, c.opts.DialOptions...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kvindex: dialing %s: %w", addr, err)
+	}
+	c.conns[addr] = cc
+	return cc, nil
+}
+
+// NotLeader reports whether err is a follower's refusal of a write and, when
+// the follower knew it, the leader's gRPC address.
+func NotLeader(err error) (leaderAddr string, ok bool) {
+	st, isStatus := status.FromError(err)
+	if !isStatus || st.Code() != codes.Unavailable {
+		return "", false
+	}
+	for _, d := range st.Details() {
+		if info, isInfo := d.(*errdetails.ErrorInfo); isInfo && info.Reason == "NOT_LEADER" {
+			return info.Metadata["leader_addr"], true
+		}
+	}
+	return "", false
+}
+
+// retriable: the member could not serve the call at all, another may.
+func retriable(err error) bool {
+	return status.Code(err) == codes.Unavailable
+}
+
+// read runs call on one member after another until one answers.
+func (c *Client) read(ctx context.Context, call func(*grpc.ClientConn) error) error {
+	c.mu.Lock()
+	start := c.next
+	c.mu.Unlock()
+	var err error
+	for attempt := range c.opts.MaxAttempts {
+		addr := c.opts.Addrs[(start+attempt)%len(c.opts.Addrs)]
+		if leader, ok := NotLeader(err); ok && leader != "" {
+			addr = leader // a linearizable read reached a follower
+		}
+		cc, dialErr := c.conn(addr)
+		if dialErr != nil {
+			return dialErr
+		}
+		if err = call(cc); err == nil || !retriable(err) {
+			if err == nil {
+				c.mu.Lock()
+				c.next = (start + attempt) % len(c.opts.Addrs)
+				c.mu.Unlock()
+			}
+			return err
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// write runs call on the leader: the last one known, else the members in
+// turn, following not-leader answers. retryUnavailable says whether the call
+// may be repeated after an ambiguous failure (it is idempotent).
+func (c *Client) write(ctx context.Context, retryUnavailable bool, call func(context.Context, *grpc.ClientConn) error) error {
+	if c.opts.AdminToken != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.opts.AdminToken)
+	}
+	c.mu.Lock()
+	addr := c.leader
+	c.mu.Unlock()
+	member := 0
+	if addr == "" {
+		addr, member = c.opts.Addrs[0], 1
+	}
+	var err error
+	for range c.opts.MaxAttempts {
+		cc, dialErr := c.conn(addr)
+		if dialErr != nil {
+			return dialErr
+		}
+		err = call(ctx, cc)
+		if err == nil {
+			c.mu.Lock()
+			c.leader = addr
+			c.mu.Unlock()
+			return nil
+		}
+		leader, notLeader := NotLeader(err)
+		switch {
+		case ctx.Err() != nil:
+			return err
+		case notLeader && leader != "" && leader != addr:
+			addr = leader
+		case notLeader || (retryUnavailable && retriable(err)):
+			// No leader known yet (an election), or the member is down: try the next.
+			addr = c.opts.Addrs[member%len(c.opts.Addrs)]
+			member++
+		default:
+			return err
+		}
+		c.mu.Lock()
+		c.leader = ""
+		c.mu.Unlock()
+	}
+	return err
+}
+
+// Score asks, for one prompt (token ids, text or chat messages), how much of its
+// prefix each worker caches.
+func (c *Client) Score(ctx context.Context, req *kvindexv1.ScoreRequest) (resp *kvindexv1.ScoreResponse, err error) {
+	err = c.read(ctx, func(cc *grpc.ClientConn) error {
+		resp, err = kvindexv1.NewIndexServiceClient(cc).Score(ctx, req)
+		return err
+	})
+	return resp, err
+}
+
+// ScoreTokens is Score for a prompt given as token ids, over workers (every
+// worker of the model when none are given).
+func (c *Client) ScoreTokens(ctx context.Context, model string, tokens []uint32, workers ...string) (*kvindexv1.ScoreResponse, error) {
+	return c.Score(ctx, &kvindexv1.ScoreRequest{Model: model, TokenIds: tokens, Workers: workers})
+}
+
+// ScoreText is Score for a prompt given as text, tokenized by the indexer with
+// the model's tokenizer.
+func (c *Client) ScoreText(ctx context.Context, model, text string, workers ...string) (*kvindexv1.ScoreResponse, error) {
+	return c.Score(ctx, &kvindexv1.ScoreRequest{Model: model, Text: text, Workers: workers})
+}
+
+// QueryByHash scores block hashes the caller computed (see internal/kvblock).
+func (c *Client) QueryByHash(ctx context.Context, req *kvindexv1.QueryByHashRequest) (resp *kvindexv1.QueryByHashResponse, err error) {
+	err = c.read(ctx, func(cc *grpc.ClientConn) error {
+		resp, err = kvindexv1.NewIndexServiceClient(cc).QueryByHash(ctx, req)
+		return err
+	})
+	return resp, err
+}
+
+// Workers lists the registered workers of model (all when empty).
+func (c *Client) Workers(ctx context.Context, model string) (resp *kvindexv1.WorkersResponse, err error) {
+	err = c.read(ctx, func(cc *grpc.ClientConn) error {
+		resp, err = kvindexv1.NewIndexServiceClient(cc).Workers(ctx, &kvindexv1.WorkersRequest{Model: model})
+		return err
+	})
+	return resp, err
+}
+
+// Stats describes the index of the member that answers.
+func (c *Client) Stats(ctx context.Context) (resp *kvindexv1.StatsResponse, err error) {
+	err = c.read(ctx, func(cc *grpc.ClientConn) error {
+		resp, err = kvindexv1.NewIndexServiceClient(cc).Stats(ctx, &kvindexv1.StatsRequest{})
+		return err
+	})
+	return resp, err
+}
+
+// Cluster describes the raft cluster as the member that answers sees it.
+func (c *Client) Cluster(ctx context.Context) (resp *kvindexv1.ClusterResponse, err error) {
+	err = c.read(ctx, func(cc *grpc.ClientConn) error {
+		resp, err = kvindexv1.NewAdminServiceClient(cc).Cluster(ctx, &kvindexv1.ClusterRequest{})
+		return err
+	})
+	return resp, err
+}
+
+// Dump calls fn with every change of a dump of the index of one member (the
+// first that answers), in order, and returns the applied index dumped. A dump
+// that fails midway is not retried: fn has seen part of it.
+func (c *Client) Dump(ctx context.Context, req *kvindexv1.DumpRequest, fn func(*kvindexv1.IndexChange) error) (applied uint64, err error) {
+	err = c.read(ctx, func(cc *grpc.ClientConn) error {
+		stream, err := kvindexv1.NewIndexServiceClient(cc).Dump(ctx, req)
+		if err != nil {
+			return err
+		}
+		first := true
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				if first {
+					return err // nothing seen yet: another member may serve it
+				}
+				return status.Error(codes.Aborted, err.Error())
+			}
+			first = false
+			applied = m.AppliedIndex
+			for _, ch := range m.Changes {
+				if err := fn(ch); err != nil {
+					return err
+				}
+			}
+		}
+	})
+	return applied, err
+}
+
+// Watch streams index changes of one member to fn, batch by batch, until ctx
+// ends (then it returns nil), fn fails, or the stream breaks (a watcher that
+// fell behind gets codes.ResourceExhausted and must Dump again).
+func (c *Client) Watch(ctx context.Context, req *kvindexv1.WatchRequest, fn func([]*kvindexv1.IndexChange) error) error {
+	return c.read(ctx, func(cc *grpc.ClientConn) error {
+		stream, err := kvindexv1.NewIndexServiceClient(cc).Watch(ctx, req)
+		if err != nil {
+			return err
+		}
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+			if err := fn(m.Changes); err != nil {
+				return err
+			}
+		}
+	})
+}
+
+// RegisterWorker registers a worker with the cluster (through the leader).
+// Registering an identical spec again succeeds, so it is retried like a read.
+func (c *Client) RegisterWorker(ctx context.Context, spec *kvindexv1.WorkerSpec) (resp *kvindexv1.RegisterWorkerResponse, err error) {
+	err = c.write(ctx, true, func(ctx context.Context, cc *grpc.ClientConn) error {
+		resp, err = kvindexv1.NewAdminServiceClient(cc).RegisterWorker(ctx, &kvindexv1.RegisterWorkerRequest{Worker: spec})
+		return err
+	})
+	return resp, err
+}
+
+// UnregisterWorker removes a worker and its blocks (through the leader).
+func (c *Client) UnregisterWorker(ctx context.Context, id string) (resp *kvindexv1.UnregisterWorkerResponse, err error) {
+	err = c.write(ctx, false, func(ctx context.Context, cc *grpc.ClientConn) error {
+		resp, err = kvindexv1.NewAdminServiceClient(cc).UnregisterWorker(ctx, &kvindexv1.UnregisterWorkerRequest{WorkerId: id})
+		return err
+	})
+	return resp, err
+}
+
+// Join adds a node to the raft cluster (through the leader).
+func (c *Client) Join(ctx context.Context, req *kvindexv1.JoinRequest) (resp *kvindexv1.JoinResponse, err error) {
+	err = c.write(ctx, false, func(ctx context.Context, cc *grpc.ClientConn) error {
+		resp, err = kvindexv1.NewAdminServiceClient(cc).Join(ctx, req)
+		return err
+	})
+	return resp, err
+}
+
+// Leave removes a node from the raft cluster (through the leader).
+func (c *Client) Leave(ctx context.Context, nodeID string) (resp *kvindexv1.LeaveResponse, err error) {
+	err = c.write(ctx, false, func(ctx context.Context, cc *grpc.ClientConn) error {
+		resp, err = kvindexv1.NewAdminServiceClient(cc).Leave(ctx, &kvindexv1.LeaveRequest{NodeId: nodeID})
+		return err
+	})
+	return resp, err
+}
+
+// Snapshot asks the member at addr (one of Options.Addrs or another) to take
+// a raft snapshot now. It is never redirected: a snapshot is per node.
+func (c *Client) Snapshot(ctx context.Context, addr string) (*kvindexv1.SnapshotResponse, error) {
+	if c.opts.AdminToken != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.opts.AdminToken)
+	}
+	cc, err := c.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	return kvindexv1.NewAdminServiceClient(cc).Snapshot(ctx, &kvindexv1.SnapshotRequest{})
+}

@@ -1,0 +1,213 @@
+package kvindex_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+	kvindex "github.com/kvindex/kvindex/clients/go"
+	"github.com/kvindex/kvindex/internal/kvblock"
+)
+
+// follower is a gRPC server that answers like a raft follower: writes are
+// refused with the leader's address, reads with UNAVAILABLE (a node still
+// catching up). It stands in for a second cluster member until the lead's raft
+// integration makes real followers.
+type follower struct {
+	kvindexv1.UnimplementedAdminServiceServer
+	kvindexv1.UnimplementedIndexServiceServer
+	leaderAddr    string // "" when the follower knows no leader (an election)
+	writes, reads atomic.Int32
+	addr          string
+}
+
+func (f *follower) notLeader() error {
+	st, _ := status.New(codes.Unavailable, "not the leader").WithDetails(&errdetails.ErrorInfo{Reason: "NOT_LEADER", Domain: "kvindex.io",
+		Metadata: map[string]string{"leader_id": "leader", "leader_addr": f.leaderAddr}})
+	return st.Err()
+}
+
+func (f *follower) RegisterWorker(context.Context, *kvindexv1.RegisterWorkerRequest) (*kvindexv1.RegisterWorkerResponse, error) {
+	f.writes.Add(1)
+	return nil, f.notLeader()
+}
+
+func (f *follower) UnregisterWorker(context.Context, *kvindexv1.UnregisterWorkerRequest) (*kvindexv1.UnregisterWorkerResponse, error) {
+	f.writes.Add(1)
+	return nil, f.notLeader()
+}
+
+func (f *follower) Score(context.Context, *kvindexv1.ScoreRequest) (*kvindexv1.ScoreResponse, error) {
+	f.reads.Add(1)
+	return nil, status.Error(codes.Unavailable, "catching up")
+}
+
+func startFollower(t *testing.T, leaderAddr string) *follower {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &follower{leaderAddr: leaderAddr, addr: ln.Addr().String()}
+	s := grpc.NewServer()
+	kvindexv1.RegisterAdminServiceServer(s, f)
+	kvindexv1.RegisterIndexServiceServer(s, f)
+	go s.Serve(ln)
+	t.Cleanup(s.Stop)
+	return f
+}
+
+// deadAddr is an address nothing listens on.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func TestReadsMoveOnToAnotherMember(t *testing.T) {
+	f := startFollower(t, exampleAddr)
+	c, err := kvindex.New(kvindex.Options{Addrs: []string{deadAddr(t), f.addr, exampleAddr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := c.ScoreTokens(ctx, exampleModel, []uint32{256, 84, 104, 101})
+	if err != nil || len(resp.Scores) != 1 || resp.Scores[0].MatchedBlocks != 1 {
+		t.Fatalf("Score past a dead and a catching-up member = %v, %v", resp, err)
+	}
+	if f.reads.Load() != 1 {
+		t.Errorf("the catching-up member got %d reads", f.reads.Load())
+	}
+	// The member that answered is tried first next time.
+	if _, err := c.Stats(ctx); err != nil || f.reads.Load() != 1 {
+		t.Errorf("Stats = %v; follower reads %d", err, f.reads.Load())
+	}
+
+	only, _ := kvindex.New(kvindex.Options{Addrs: []string{deadAddr(t)}, MaxAttempts: 2})
+	defer only.Close()
+	if _, err := only.Stats(ctx); status.Code(err) != codes.Unavailable {
+		t.Errorf("Stats with no live member = %v", err)
+	}
+}
+
+func TestWritesFollowTheLeader(t *testing.T) {
+	f := startFollower(t, exampleAddr)
+	c, err := kvindex.New(kvindex.Options{Addrs: []string{f.addr}, AdminToken: exampleToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	spec := &kvindexv1.WorkerSpec{Id: "w-follow", Model: exampleModel, BlockSize: 4}
+	if _, err := c.RegisterWorker(ctx, spec); err != nil {
+		t.Fatalf("RegisterWorker through a follower: %v", err)
+	}
+	if f.writes.Load() != 1 {
+		t.Errorf("the follower got %d writes", f.writes.Load())
+	}
+	// The leader is remembered: the next write goes straight to it.
+	if _, err := c.UnregisterWorker(ctx, "w-follow"); err != nil || f.writes.Load() != 1 {
+		t.Errorf("UnregisterWorker = %v; follower writes %d", err, f.writes.Load())
+	}
+	if _, err := c.UnregisterWorker(ctx, "w-follow"); status.Code(err) != codes.NotFound {
+		t.Errorf("unregistering twice = %v", err)
+	}
+
+	noToken, _ := kvindex.New(kvindex.Options{Addrs: []string{exampleAddr}})
+	defer noToken.Close()
+	if _, err := noToken.RegisterWorker(ctx, spec); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("RegisterWorker without the token = %v", err)
+	}
+
+	lost := startFollower(t, "")
+	c2, _ := kvindex.New(kvindex.Options{Addrs: []string{lost.addr}, AdminToken: exampleToken, MaxAttempts: 3})
+	defer c2.Close()
+	_, err = c2.RegisterWorker(ctx, spec)
+	if addr, ok := kvindex.NotLeader(err); !ok || addr != "" || lost.writes.Load() != 3 {
+		t.Errorf("with no leader known: %v (%q, %v), %d tries", err, addr, ok, lost.writes.Load())
+	}
+	if _, ok := kvindex.NotLeader(errors.New("x")); ok {
+		t.Error("NotLeader of a plain error")
+	}
+}
+
+func TestDumpAndWatch(t *testing.T) {
+	c, err := kvindex.New(kvindex.Options{Addrs: []string{exampleAddr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	batches := make(chan []*kvindexv1.IndexChange, 16)
+	watchDone := make(chan error, 1)
+	go func() {
+		watchDone <- c.Watch(ctx, &kvindexv1.WatchRequest{Model: exampleModel}, func(ch []*kvindexv1.IndexChange) error {
+			batches <- ch
+			return nil
+		})
+	}()
+	// Watch subscribes asynchronously: send prompts until a change arrives.
+	prompt := []uint32{7, 7, 7, 7, 8, 8, 8, 8}
+	var got []*kvindexv1.IndexChange
+	for i := uint32(0); got == nil; i++ {
+		prompt[0] = 7 + i
+		if err := generate(prompt); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got = <-batches:
+		case <-time.After(200 * time.Millisecond):
+		}
+		if i > 100 {
+			t.Fatal("no change was watched")
+		}
+	}
+	if got[0].Kind != kvindexv1.ChangeKind_CHANGE_KIND_STORED || got[0].Worker != "engine-0" {
+		t.Errorf("watched %v", got)
+	}
+	cancel()
+	if err := <-watchDone; err != nil {
+		t.Errorf("Watch after cancel = %v", err)
+	}
+
+	seqs := map[uint64]bool{}
+	applied, err := c.Dump(context.Background(), &kvindexv1.DumpRequest{}, func(ch *kvindexv1.IndexChange) error {
+		seqs[ch.SequenceHashes[0]] = true
+		return nil
+	})
+	if err != nil || applied == 0 {
+		t.Fatalf("Dump = %d, %v", applied, err)
+	}
+	for _, seq := range kvblock.AppendChainHashes(nil, kvblock.AppendLocalHashes(nil, prompt, 4, "")) {
+		if !seqs[seq] {
+			t.Errorf("the dump lacks block %d", seq)
+		}
+	}
+	stop := errors.New("enough")
+	if _, err := c.Dump(context.Background(), &kvindexv1.DumpRequest{}, func(*kvindexv1.IndexChange) error { return stop }); !errors.Is(err, stop) {
+		t.Errorf("Dump with a failing fn = %v", err)
+	}
+}
+
+func TestNewNeedsAMember(t *testing.T) {
+	if _, err := kvindex.New(kvindex.Options{}); !errors.Is(err, kvindex.ErrNoMembers) {
+		t.Errorf("New without addresses = %v", err)
+	}
+}
