@@ -114,9 +114,10 @@ type Stats struct {
 	Counters
 }
 
-// Index is the prefix index. Writes (Stored, Removed, Cleared, RemoveWorker,
-// ReadFrom) are serialised by a mutex; Match, Stats, Digest and WriteTo may run
-// concurrently with each other. See the package documentation for the semantics.
+// Index is the prefix index. Writes (Stored, Removed, Cleared, ApplyOps,
+// RemoveWorker, ReadFrom) are serialised by a mutex; Match, Stats and Snapshot
+// (WriteTo, Digest) may run concurrently with each other. See the package
+// documentation for the semantics.
 type Index struct {
 	cfg     Config // immutable
 	mu      sync.RWMutex
@@ -134,18 +135,27 @@ func New(cfg Config) *Index {
 // engineHashes[i]'s parent is engineHashes[i-1]. localKeys[i] is the block key of
 // engineHashes[i]. On an error nothing is applied.
 func (ix *Index) Stored(w WorkerKey, ns uint64, parent uint64, hasParent bool, engineHashes, localKeys []uint64, tier Tier) (StoreResult, error) {
-	if len(engineHashes) != len(localKeys) {
-		return StoreResult{}, fmt.Errorf("%w: %d hashes, %d keys", ErrLengthMismatch, len(engineHashes), len(localKeys))
-	}
-	if tier >= NumTiers {
-		return StoreResult{}, fmt.Errorf("%w: %d", ErrInvalidTier, tier)
-	}
-	if len(engineHashes) == 0 {
-		return StoreResult{}, nil
+	if err := checkStored(engineHashes, localKeys, tier); err != nil || len(engineHashes) == 0 {
+		return StoreResult{}, err
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	return ix.st.stored(w, ns, parent, hasParent, engineHashes, localKeys, tier.bit())
+	wid, err := ix.st.internWorker(w)
+	if err != nil {
+		return StoreResult{}, err
+	}
+	ix.st.prefetch(ix.st.workers[wid], engineHashes, false)
+	return ix.st.stored(wid, ns, parent, hasParent, engineHashes, localKeys, tier.bit()), nil
+}
+
+func checkStored(hashes, keys []uint64, tier Tier) error {
+	if len(hashes) != len(keys) {
+		return fmt.Errorf("%w: %d hashes, %d keys", ErrLengthMismatch, len(hashes), len(keys))
+	}
+	if tier >= NumTiers {
+		return fmt.Errorf("%w: %d", ErrInvalidTier, tier)
+	}
+	return nil
 }
 
 // Removed records that worker w dropped engineHashes from tier.
@@ -155,7 +165,12 @@ func (ix *Index) Removed(w WorkerKey, engineHashes []uint64, tier Tier) (RemoveR
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	return ix.st.removed(w, engineHashes, tier.bit()), nil
+	wid, ok := ix.st.workerIDs[w]
+	if !ok {
+		return ix.st.removedByUnknown(engineHashes), nil
+	}
+	ix.st.prefetch(ix.st.workers[wid], engineHashes, true)
+	return ix.st.removed(wid, engineHashes, tier.bit()), nil
 }
 
 // Cleared drops every block of worker w; w stays known. An unknown w is a no-op.
@@ -192,12 +207,8 @@ func (ix *Index) Stats() Stats {
 	}
 }
 
-// stored applies one Stored call; mask is a single tier bit.
-func (st *state) stored(w WorkerKey, ns, parent uint64, hasParent bool, hashes, keys []uint64, mask uint8) (StoreResult, error) {
-	wid, err := st.internWorker(w)
-	if err != nil {
-		return StoreResult{}, err
-	}
+// stored applies one Stored call of worker wid; mask is a single tier bit.
+func (st *state) stored(wid uint32, ns, parent uint64, hasParent bool, hashes, keys []uint64, mask uint8) StoreResult {
 	ws := st.workers[wid]
 	var res StoreResult
 	var at uint32 // the node of the previous block, while attached
@@ -208,7 +219,6 @@ func (st *state) stored(w WorkerKey, ns, parent uint64, hasParent bool, hashes, 
 	} else {
 		at = st.childOrCreate(0, ns)
 	}
-	st.prefetch(ws, hashes, false)
 	prev := parent
 	for i, h := range hashes {
 		if attached {
@@ -225,30 +235,31 @@ func (st *state) stored(w WorkerKey, ns, parent uint64, hasParent bool, hashes, 
 	c.StoredDropped += uint64(res.Dropped)
 	c.StoredReplaced += uint64(res.Replaced)
 	c.DetachedReattached += uint64(res.Reattached)
-	return res, nil
+	return res
 }
 
-func (st *state) removed(w WorkerKey, hashes []uint64, bit uint8) RemoveResult {
+// removed applies one Removed call of worker wid; bit is a single tier bit.
+func (st *state) removed(wid uint32, hashes []uint64, bit uint8) RemoveResult {
 	var res RemoveResult
-	wid, ok := st.workerIDs[w]
-	if !ok {
-		res.Unknown = len(hashes)
-	} else {
-		ws := st.workers[wid]
-		st.prefetch(ws, hashes, true)
-		for _, h := range hashes {
-			if e, ok := ws.blocks.get(h); ok && e.tiers&bit != 0 {
-				st.dropEntryTiers(wid, h, e, bit)
-				res.Removed++
-			} else if d, ok := ws.detached[h]; ok && d.tiers&bit != 0 {
-				st.dropDetachedTiers(ws, h, d, bit)
-				res.Removed++
-			} else {
-				res.Unknown++
-			}
+	ws := st.workers[wid]
+	for _, h := range hashes {
+		if e, ok := ws.blocks.get(h); ok && e.tiers&bit != 0 {
+			st.dropEntryTiers(wid, h, e, bit)
+			res.Removed++
+		} else if d, ok := ws.detached[h]; ok && d.tiers&bit != 0 {
+			st.dropDetachedTiers(ws, h, d, bit)
+			res.Removed++
+		} else {
+			res.Unknown++
 		}
 	}
 	st.counters.RemovedBlocks += uint64(res.Removed)
 	st.counters.RemovedUnknown += uint64(res.Unknown)
 	return res
+}
+
+// removedByUnknown counts a Removed call of a worker the index does not know.
+func (st *state) removedByUnknown(hashes []uint64) RemoveResult {
+	st.counters.RemovedUnknown += uint64(len(hashes))
+	return RemoveResult{Unknown: len(hashes)}
 }

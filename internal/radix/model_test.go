@@ -297,8 +297,11 @@ func (e event) String() string {
 	return fmt.Sprintf("%s %v ns=%x parent=%x/%v hashes=%x keys=%x tier=%v", e.kind, e.w, e.ns, e.parent, e.hasParent, e.hashes, e.keys, e.tier)
 }
 
-func (g *eventGen) next() event {
-	e := event{w: g.worker(), tier: Tier(g.rng.IntN(NumTiers))}
+func (g *eventGen) next() event { return g.nextFor(g.worker()) }
+
+// nextFor returns a random event of worker w.
+func (g *eventGen) nextFor(w WorkerKey) event {
+	e := event{w: w, tier: Tier(g.rng.IntN(NumTiers))}
 	switch r := g.rng.IntN(100); {
 	case r < 62:
 		e.kind = "stored"
