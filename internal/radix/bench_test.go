@@ -216,6 +216,43 @@ func (l *eventLog) apply(ix *Index, workers []WorkerKey) error {
 	return nil
 }
 
+// applyBatched applies the log with ApplyOps, one batch per run of consecutive
+// events of one worker (a request's events in genApplyEvents), as ingest hands
+// over the events of one engine batch.
+func (l *eventLog) applyBatched(ix *Index, workers []WorkerKey) error {
+	var ops []Op
+	for start := 0; start < len(l.events); {
+		w := l.events[start].worker
+		ops = ops[:0]
+		end := start
+		for ; end < len(l.events) && l.events[end].worker == w; end++ {
+			e := l.events[end]
+			op := Op{Kind: OpRemoved, Hashes: l.hashes[e.off : e.off+e.n], Tier: TierGPU}
+			if e.store {
+				op = Op{Kind: OpStored, Namespace: benchNS, Parent: e.parent, HasParent: e.hasParent,
+					Hashes: op.Hashes, Keys: l.keys[e.off : e.off+e.n], Tier: TierGPU}
+			}
+			ops = append(ops, op)
+		}
+		if res := ix.ApplyOps(workers[w], ops); res.Err != nil {
+			return res.Err
+		}
+		start = end
+	}
+	return nil
+}
+
+// batches counts the batches applyBatched makes.
+func (l *eventLog) batches() int {
+	n := 0
+	for i, e := range l.events {
+		if i == 0 || e.worker != l.events[i-1].worker {
+			n++
+		}
+	}
+	return n
+}
+
 // oneBlockEach returns the same blocks with one block per event, the worst case
 // for per-call costs (locking, worker lookup, no overlap of cache misses).
 func (l *eventLog) oneBlockEach() *eventLog {
@@ -301,25 +338,38 @@ func genApplyEvents(rng *rand.Rand, requests, capacity int) *eventLog {
 // BenchmarkApply: Stored/Removed block events applied by one goroutine, from
 // empty to a steady state of 64 workers x 16384 cached blocks. "fleet" has the
 // generator's events (~10 blocks each on average); "one-block" the same blocks one
-// per event.
+// per event. Each is applied one call per event, and "batched": with ApplyOps,
+// one call per request's events.
 func BenchmarkApply(b *testing.B) {
 	fleet := genApplyEvents(rand.New(rand.NewPCG(3, 4)), 40000, 16384)
+	oneBlock := fleet.oneBlockEach()
 	workers := make([]WorkerKey, benchWorkers)
 	for i := range workers {
 		workers[i] = benchWorker(i)
 	}
 	for _, bc := range []struct {
-		name string
-		log  *eventLog
-	}{{"fleet", fleet}, {"one-block", fleet.oneBlockEach()}} {
+		name    string
+		log     *eventLog
+		batched bool
+	}{
+		{"fleet", fleet, false},
+		{"one-block", oneBlock, false},
+		{"fleet-batched", fleet, true},
+		{"one-block-batched", oneBlock, true},
+	} {
 		b.Run(bc.name, func(b *testing.B) {
+			apply := bc.log.apply
+			if bc.batched {
+				apply = bc.log.applyBatched
+				b.ReportMetric(float64(bc.log.blocks)/float64(bc.log.batches()), "block-events/batch")
+			}
 			var stats Stats
 			for range b.N {
 				b.StopTimer()
 				ix := New(Config{})
 				runtime.GC()
 				b.StartTimer()
-				if err := bc.log.apply(ix, workers); err != nil {
+				if err := apply(ix, workers); err != nil {
 					b.Fatal(err)
 				}
 				stats = ix.Stats()
@@ -390,20 +440,54 @@ func BenchmarkMemory(b *testing.B) {
 }
 
 // BenchmarkSnapshot writes and restores the Match fleet (1.0M nodes, 64 workers).
-// WriteTo holds the read lock throughout, so its time is how long writers wait.
+// "Snapshot" is the copy WriteTo takes under the read lock, the time writers
+// wait; "writer-stall" measures that wait from a writer's side: the longest a
+// write (a Removed of an unknown hash) takes while WriteTo runs.
 func BenchmarkSnapshot(b *testing.B) {
 	loadMatchFleet(b)
+	ix := matchFleet.ix
 	var buf bytes.Buffer
-	if _, err := matchFleet.ix.WriteTo(&buf); err != nil {
+	if _, err := ix.WriteTo(&buf); err != nil {
 		b.Fatal(err)
 	}
+	b.Run("Snapshot", func(b *testing.B) {
+		for range b.N {
+			runtime.KeepAlive(ix.Snapshot())
+		}
+	})
 	b.Run("WriteTo", func(b *testing.B) {
 		for range b.N {
-			if _, err := matchFleet.ix.WriteTo(io.Discard); err != nil {
+			if _, err := ix.WriteTo(io.Discard); err != nil {
 				b.Fatal(err)
 			}
 		}
 		b.ReportMetric(float64(buf.Len())/(1<<20), "MiB")
+	})
+	b.Run("writer-stall", func(b *testing.B) {
+		var worst time.Duration
+		for range b.N {
+			done := make(chan error)
+			go func() {
+				_, err := ix.WriteTo(io.Discard)
+				done <- err
+			}()
+			for writing := true; writing; {
+				select {
+				case err := <-done:
+					if err != nil {
+						b.Fatal(err)
+					}
+					writing = false
+				default:
+					t0 := time.Now()
+					if _, err := ix.Removed(benchWorker(0), []uint64{0}, TierGPU); err != nil {
+						b.Fatal(err)
+					}
+					worst = max(worst, time.Since(t0))
+				}
+			}
+		}
+		b.ReportMetric(float64(worst.Microseconds())/1000, "max-stall-ms")
 	})
 	b.Run("ReadFrom", func(b *testing.B) {
 		for range b.N {

@@ -12,11 +12,14 @@ import (
 // content: two indexes fed the same events in any memory layout, or one restored
 // from the other's snapshot, have equal digests.
 func (ix *Index) Digest() [32]byte {
+	return ix.Snapshot().Digest()
+}
+
+// Digest is SHA-256 of the snapshot (see Index.Digest).
+func (s *Snapshot) Digest() [32]byte {
 	h := sha256.New()
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
 	// Writing to a hash.Hash cannot fail.
-	_, _ = ix.st.writeSnapshot(h)
+	_, _ = s.WriteTo(h)
 	var d [32]byte
 	h.Sum(d[:0])
 	return d
@@ -26,26 +29,26 @@ func (ix *Index) Digest() [32]byte {
 // super-root (first), siblings by ascending key, and each arena index's position
 // in that order. Depth-first keeps chains together, and chains sit together in
 // the arena, so the walk mostly reads memory in order.
-func (st *state) canonicalOrder() (order, position []uint32) {
+func canonicalOrder(nodes []node) (order, position []uint32) {
 	// Children of each node, grouped by parent (counting sort), then sorted by key.
-	start := make([]uint32, len(st.nodes)+1)
-	for i := 1; i < len(st.nodes); i++ {
-		if p := st.nodes[i].parent; p != noNode {
+	start := make([]uint32, len(nodes)+1)
+	for i := 1; i < len(nodes); i++ {
+		if p := nodes[i].parent; p != noNode {
 			start[p+1]++
 		}
 	}
 	for i := 1; i < len(start); i++ {
 		start[i] += start[i-1]
 	}
-	kids := make([]uint32, start[len(st.nodes)])
-	position = slices.Clone(start[:len(st.nodes)]) // fill cursors first, positions after
-	for i := 1; i < len(st.nodes); i++ {
-		if p := st.nodes[i].parent; p != noNode {
+	kids := make([]uint32, start[len(nodes)])
+	position = slices.Clone(start[:len(nodes)]) // fill cursors first, positions after
+	for i := 1; i < len(nodes); i++ {
+		if p := nodes[i].parent; p != noNode {
 			kids[position[p]] = uint32(i)
 			position[p]++
 		}
 	}
-	byKeyDescending := func(a, b uint32) int { return cmp.Compare(st.nodes[b].key, st.nodes[a].key) }
+	byKeyDescending := func(a, b uint32) int { return cmp.Compare(nodes[b].key, nodes[a].key) }
 	order = make([]uint32, 0, len(kids)+1)
 	stack := []uint32{0}
 	for len(stack) > 0 {

@@ -41,6 +41,10 @@
 //     tokens with different extra keys, e.g. multimodal inputs). The node counts as
 //     held on a tier while any of them holds it on that tier.
 //
+// ApplyOps(w, ops) applies a batch of those writes for one worker, each exactly as
+// its method would, refusing bad ops one by one; it is how an ingest batch is
+// applied (see its doc for what it saves).
+//
 // Removed(w, hashes, tier) drops tier from each hash; a hash left with no tier
 // leaves the worker table. A hash unknown to the worker, or not held on that tier,
 // is counted as Unknown and changes nothing (never an error). Cleared(w) drops all
@@ -74,7 +78,10 @@
 //
 // WriteTo writes a versioned, checksummed, canonical snapshot (workers, nodes and
 // hashes in sorted order, see snapshot.go); ReadFrom replaces the content with
-// one, or returns an error and changes nothing. Digest is SHA-256 of that canonical
+// one, or returns an error and changes nothing. Snapshot takes a consistent copy
+// of the content (the flat arrays of the tree and the worker tables) that writes
+// the same bytes later, with no lock held: WriteTo and Digest are Snapshot
+// followed by writing it. Digest is SHA-256 of that canonical
 // form, so it depends only on the logical content (workers, their blocks with
 // tiers, their detached blocks), never on insertion order or memory layout.
 // Counters are not part of it.
@@ -82,9 +89,10 @@
 // # Concurrency
 //
 // An Index is safe for concurrent use. Writes (Stored, Removed, Cleared,
-// RemoveWorker, ReadFrom's final swap) take an exclusive lock and are applied one
-// at a time, in call order; they are meant to come from one apply loop. Match,
-// Stats, Digest and WriteTo take a shared lock and run in parallel with each other;
-// a long WriteTo or Digest delays writers, not readers. Results never reflect a
-// half-applied call.
+// ApplyOps, RemoveWorker, ReadFrom's final swap) take an exclusive lock and are
+// applied one at a time, in call order; they are meant to come from one apply
+// loop. Match, Stats and Snapshot (so WriteTo and Digest) take a shared lock and
+// run in parallel with each other; Snapshot holds it only while it copies (about
+// 20 ms for 1M nodes), writing the snapshot holds no lock. Results never reflect a
+// half-applied call (an ApplyOps batch is one call).
 package radix

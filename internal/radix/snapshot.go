@@ -38,38 +38,82 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// WriteTo writes a snapshot of the index (see ReadFrom). Writers wait while it runs;
-// Match calls do not.
+// WriteTo writes a snapshot of the index (see ReadFrom): Snapshot().WriteTo(w).
+// Writers wait only while the copy is taken; Match calls do not wait at all.
 func (ix *Index) WriteTo(w io.Writer) (int64, error) {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	return ix.st.writeSnapshot(w)
+	return ix.Snapshot().WriteTo(w)
 }
 
-func (st *state) writeSnapshot(w io.Writer) (int64, error) {
+// Snapshot is a consistent copy of an Index's content, taken by Index.Snapshot,
+// that writes the snapshot the index would have written at that moment. Writing
+// 1M nodes takes about a third of a second, sorting and encoding; a Snapshot
+// holds the index's read lock only to copy its flat arrays (the node arena and
+// the workers' hash tables, a few milliseconds), and writes from the copy with
+// no lock. It costs about the memory of the node arena and the workers' tables
+// until it is dropped. Its methods only read it: they may run concurrently.
+type Snapshot struct {
+	workers []snapshotWorker // by WorkerKey
+	nodes   []node           // the arena; only parent and key are read
+}
+
+type snapshotWorker struct {
+	key      WorkerKey
+	blocks   []blockSlot // the table's slots, empty ones included
+	detached []detachedEntry
+}
+
+type detachedEntry struct {
+	hash uint64
+	detachedBlock
+}
+
+// Snapshot copies the index's content for writing it without blocking writers
+// (see Snapshot). In a replicated state machine, take it on the apply goroutine,
+// where it is consistent with the log position, and write it on another.
+func (ix *Index) Snapshot() *Snapshot {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	st := &ix.st
+	s := &Snapshot{nodes: slices.Clone(st.nodes), workers: make([]snapshotWorker, len(st.order))}
+	for i, wid := range st.order {
+		ws := st.workers[wid]
+		sw := &s.workers[i]
+		sw.key = ws.key
+		sw.blocks = slices.Clone(ws.blocks.slots)
+		if len(ws.detached) > 0 {
+			sw.detached = make([]detachedEntry, 0, len(ws.detached))
+			for h, d := range ws.detached {
+				sw.detached = append(sw.detached, detachedEntry{hash: h, detachedBlock: d})
+			}
+		}
+	}
+	return s
+}
+
+// WriteTo writes the snapshot in the format ReadFrom reads.
+func (s *Snapshot) WriteTo(w io.Writer) (int64, error) {
 	e := encoder{w: bufio.NewWriterSize(w, 1<<16)}
 	e.write([]byte(snapshotMagic))
 	e.uvarint(snapshotVersion)
-	e.uvarint(uint64(len(st.order)))
-	for _, wid := range st.order {
-		k := st.workers[wid].key
-		e.uvarint(uint64(len(k.Worker)))
-		e.write([]byte(k.Worker))
-		e.uvarint(uint64(k.DPRank))
+	e.uvarint(uint64(len(s.workers)))
+	for _, sw := range s.workers {
+		e.uvarint(uint64(len(sw.key.Worker)))
+		e.write([]byte(sw.key.Worker))
+		e.uvarint(uint64(sw.key.DPRank))
 	}
-	order, position := st.canonicalOrder()
+	order, position := canonicalOrder(s.nodes)
 	e.uvarint(uint64(len(order) - 1))
 	for i, n := range order[1:] {
-		e.uvarint(uint64(i + 1 - int(position[st.nodes[n].parent])))
-		e.u64(st.nodes[n].key)
+		e.uvarint(uint64(i + 1 - int(position[s.nodes[n].parent])))
+		e.u64(s.nodes[n].key)
 	}
 	var entries []blockSlot
-	var hashes []uint64
-	for _, wid := range st.order {
-		ws := st.workers[wid]
+	for _, sw := range s.workers {
 		entries = entries[:0]
-		for h, b := range ws.blocks.all() {
-			entries = append(entries, blockSlot{hash: h, entry: b})
+		for _, b := range sw.blocks {
+			if b.node != 0 {
+				entries = append(entries, b)
+			}
 		}
 		slices.SortFunc(entries, func(a, b blockSlot) int { return cmp.Compare(a.hash, b.hash) })
 		e.uvarint(uint64(len(entries)))
@@ -78,15 +122,10 @@ func (st *state) writeSnapshot(w io.Writer) (int64, error) {
 			e.uvarint(uint64(position[b.node]))
 			e.write([]byte{b.tiers})
 		}
-		hashes = hashes[:0]
-		for h := range ws.detached {
-			hashes = append(hashes, h)
-		}
-		slices.Sort(hashes)
-		e.uvarint(uint64(len(hashes)))
-		for _, h := range hashes {
-			d := ws.detached[h]
-			e.u64(h)
+		detached := slices.SortedFunc(slices.Values(sw.detached), func(a, b detachedEntry) int { return cmp.Compare(a.hash, b.hash) })
+		e.uvarint(uint64(len(detached)))
+		for _, d := range detached {
+			e.u64(d.hash)
 			e.u64(d.parent)
 			e.u64(d.key)
 			e.write([]byte{d.tiers})

@@ -113,7 +113,7 @@ func (ix *Index) Nodes() []NodeView {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	st := &ix.st
-	order, position := st.canonicalOrder()
+	order, position := canonicalOrder(st.nodes)
 	out := make([]NodeView, 0, len(order))
 	var flat []Holding
 	counts := make([]int, 0, len(order))
