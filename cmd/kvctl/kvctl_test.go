@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/server"
+	"github.com/kvindex/kvindex/internal/tokenize"
+)
+
+const model = "kvctl/model"
+
+// startIndexer runs an indexer following one fake engine that cached prompt.
+func startIndexer(t *testing.T, prompt []uint32) string {
+	t.Helper()
+	ec := fakeengine.DefaultConfig()
+	ec.Model, ec.Port, ec.TimeScale, ec.BlockSize, ec.NumGPUBlocks = model, 0, 0, 4, 256
+	ec.KVEventsEndpoint, ec.KVEventsReplayEndpoint = "tcp://127.0.0.1:*", "tcp://127.0.0.1:*"
+	e, err := fakeengine.New(ec, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	spec, err := ingest.ParseWorkerFlag(fmt.Sprintf("id=eng,model=%s,endpoint=%s,replay=%s,block-size=4", model, e.EventEndpoints()[0], e.ReplayEndpoints()[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := server.DefaultConfig()
+	cfg.NodeID = "kvctl-node"
+	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.AdminToken = "tok"
+	cfg.Ingest.Workers = []ingest.WorkerSpec{spec}
+	cfg.Ingest.DefaultBlockSize = 4
+	cfg.Ingest.IdleReplayInterval = 50 * time.Millisecond
+	cfg.Tokenizers = tokenize.Specs{{Model: model, Dir: server.BuiltinTokenizer}}
+	srv, err := server.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	if _, err := e.Generate(ctx, fakeengine.Request{Prompt: prompt, MaxTokens: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	last := e.CacheTruth().Ranks[0].LastSeq
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if c, ok := srv.Applier().Cursor(ingest.Stream{Worker: "eng"}); ok && int64(c.Seq) >= last {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the indexer never caught up")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return srv.GRPCAddr()
+}
+
+func TestCommands(t *testing.T) {
+	prompt := tokenize.NewBuiltin().Encode("kvctl scores this prompt", true) // 25 tokens: 6 blocks
+	addr := startIndexer(t, prompt)
+	ids := make([]string, len(prompt))
+	for i, id := range prompt {
+		ids[i] = fmt.Sprint(id)
+	}
+	env := map[string]string{"KVINDEX_ADDR": addr}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	cases := []struct {
+		name   string
+		args   []string
+		env    map[string]string
+		code   int
+		stdout []string // substrings of stdout
+		stderr string
+		check  func(t *testing.T, stdout string)
+	}{
+		{name: "score tokens", args: []string{"score", "--model", model, "--tokens", strings.Join(ids, ",")}, code: 0,
+			stdout: []string{"WORKER", "HIT RATE", "eng", "6 blocks of 4", "1.000"}},
+		{name: "score text as json", args: []string{"score", "--model", model, "--text", "kvctl scores this prompt", "-o", "json"}, code: 0,
+			check: func(t *testing.T, out string) {
+				var r kvindexv1.ScoreResponse
+				if err := protojson.Unmarshal([]byte(out), &r); err != nil || len(r.Scores) != 1 || r.Scores[0].MatchedBlocks != 6 {
+					t.Errorf("score json = %s (%v)", out, err)
+				}
+			}},
+		{name: "score other workers", args: []string{"score", "--model", model, "--tokens", "1,2,3,4", "--workers", "x,y", "--linearizable"}, code: 0,
+			stdout: []string{"x  ", "y  "}},
+		{name: "workers", args: []string{"workers"}, code: 0, stdout: []string{"ID", "eng", model, "LIVE", "0:"}},
+		{name: "workers json", args: []string{"workers", "--output", "json"}, code: 0, stdout: []string{`"id": "eng"`, `"gpu_blocks": "6"`}},
+		{name: "cluster", args: []string{"cluster"}, code: 0, stdout: []string{"leader kvctl-node", "kvctl-node*", "voter"}},
+		{name: "stats", args: []string{"stats"}, code: 0, stdout: []string{"nodes", "stored_attached"}},
+		{name: "dump", args: []string{"dump", "--workers", "eng"}, code: 0, stdout: []string{"6 blocks held", "eng", "gpu", model}},
+		{name: "dump json", args: []string{"dump", "-o", "json"}, code: 0, stdout: []string{`"kind": "CHANGE_KIND_STORED"`, `"applied_index"`}},
+		{name: "register without the token", args: []string{"register", "--id", "w2", "--model", model}, code: 1, stderr: "Unauthenticated"},
+		{name: "register", args: []string{"register", "--id", "w2", "--model", model, "--block-size", "4", "--role", "prefill"},
+			env: map[string]string{"KVINDEX_ADMIN_TOKEN": "tok"}, code: 0, stdout: []string{"registered w2"}},
+		{name: "unregister", args: []string{"unregister", "--id", "w2", "--admin-token", "tok"}, code: 0, stdout: []string{"unregistered w2"}},
+		{name: "unregister unknown", args: []string{"unregister", "--id", "w2", "--admin-token", "tok"}, code: 1, stderr: "NotFound"},
+		{name: "unknown model text", args: []string{"score", "--model", "nope", "--text", "x"}, code: 1, stderr: "NotFound: unknown model"},
+		{name: "score without model", args: []string{"score", "--tokens", "1"}, code: 2, stderr: "--model is required"},
+		{name: "score with both prompts", args: []string{"score", "--model", model, "--tokens", "1", "--text", "x"}, code: 2, stderr: "one of --text and --tokens"},
+		{name: "bad token", args: []string{"score", "--model", model, "--tokens", "1,x"}, code: 2, stderr: `"x" is not a token id`},
+		{name: "bad role", args: []string{"register", "--id", "a", "--model", "m", "--role", "boss"}, code: 2, stderr: "--role"},
+		{name: "bad output", args: []string{"workers", "-o", "yaml"}, code: 2, stderr: "want table or json"},
+		{name: "unknown command", args: []string{"frobnicate"}, code: 2, stderr: "unknown command"},
+		{name: "stray argument", args: []string{"workers", "extra"}, code: 2, stderr: "unexpected argument"},
+		{name: "help", args: []string{"--help"}, code: 0, stderr: "$KVINDEX_ADDR"},
+		{name: "command help", args: []string{"score", "--help"}, code: 0, stderr: "--tokens"},
+		{name: "no member answers", args: []string{"stats", "--addr", "127.0.0.1:1", "--timeout", "2s"}, code: 1, stderr: "kvctl stats"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for k, v := range c.env {
+				env[k] = v
+			}
+			defer func() {
+				for k := range c.env {
+					delete(env, k)
+				}
+			}()
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), c.args, &stdout, &stderr, lookup)
+			if code != c.code {
+				t.Fatalf("exit %d, want %d; stdout %s; stderr %s", code, c.code, stdout.String(), stderr.String())
+			}
+			for _, want := range c.stdout {
+				if !strings.Contains(stdout.String(), want) {
+					t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
+				}
+			}
+			if !strings.Contains(stderr.String(), c.stderr) {
+				t.Errorf("stderr lacks %q:\n%s", c.stderr, stderr.String())
+			}
+			if c.check != nil {
+				c.check(t, stdout.String())
+			}
+		})
+	}
+}
