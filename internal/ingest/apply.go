@@ -22,6 +22,7 @@ var ErrUnknownOp = errors.New("unknown index op")
 // Cursors and the Index's readers may run concurrently with it.
 type Applier struct {
 	index *radix.Index
+	ops   []radix.Op // Apply's conversion buffer, reused: Apply runs on one goroutine
 
 	mu      sync.RWMutex
 	cursors map[Stream]Cursor // guarded by mu
@@ -48,7 +49,9 @@ type ApplyResult struct {
 
 // Apply applies b unless the stream has already applied it: a batch is new when its
 // Epoch is greater than the cursor's, or equal with a greater Seq. A Reset batch
-// clears the stream's blocks before its Ops.
+// clears the stream's blocks before its Ops. The batch goes to the index in one
+// radix.Index.ApplyOps call: one lock and one worker lookup for all its Ops, and
+// readers see all of it or none.
 func (a *Applier) Apply(b StreamBatch) ApplyResult {
 	a.mu.RLock()
 	cur, seen := a.cursors[b.Stream]
@@ -56,17 +59,26 @@ func (a *Applier) Apply(b StreamBatch) ApplyResult {
 	if seen && (b.Epoch < cur.Epoch || (b.Epoch == cur.Epoch && b.Seq <= cur.Seq)) {
 		return ApplyResult{}
 	}
+	ops := a.ops[:0]
 	if b.Reset {
-		a.index.Cleared(b.Stream)
+		ops = append(ops, radix.Op{Kind: radix.OpCleared})
 	}
-	res := ApplyResult{Applied: true}
+	first := len(ops) // ops[first+i] is b.Ops[i]
 	for i := range b.Ops {
-		if err := a.applyOp(b.Stream, &b.Ops[i]); err != nil {
-			res.OpErrors++
-			if res.FirstErr == nil {
-				res.FirstErr = fmt.Errorf("stream %s/%d seq %d op %d: %w", b.Stream.Worker, b.Stream.DPRank, b.Seq, i, err)
-			}
+		ops = append(ops, indexOp(&b.Ops[i]))
+	}
+	out := a.index.ApplyOps(b.Stream, ops)
+	clear(ops) // keep no reference to the batch's slices
+	a.ops = ops[:0]
+
+	res := ApplyResult{Applied: true, OpErrors: out.Refused}
+	var refused *radix.OpError
+	if errors.As(out.Err, &refused) {
+		i, err := refused.Op-first, refused.Err
+		if kind := b.Ops[i].Kind; indexOpKind(kind) == 0 {
+			err = fmt.Errorf("%w: op kind %d", ErrUnknownOp, kind)
 		}
+		res.FirstErr = fmt.Errorf("stream %s/%d seq %d op %d: %w", b.Stream.Worker, b.Stream.DPRank, b.Seq, i, err)
 	}
 	a.mu.Lock()
 	a.cursors[b.Stream] = Cursor{Seq: b.Seq, Epoch: b.Epoch}
@@ -74,19 +86,30 @@ func (a *Applier) Apply(b StreamBatch) ApplyResult {
 	return res
 }
 
-func (a *Applier) applyOp(s Stream, op *Op) error {
-	switch op.Kind {
+// indexOpKind maps an OpKind to the radix one. An unknown kind maps to 0, which
+// the index refuses (radix.ErrInvalidOp) like any bad op, in its place in the batch.
+func indexOpKind(k OpKind) radix.OpKind {
+	switch k {
 	case OpStored:
-		_, err := a.index.Stored(s, op.Namespace, op.Parent, op.HasParent, op.Hashes, op.Keys, op.Tier)
-		return err
+		return radix.OpStored
 	case OpRemoved:
-		_, err := a.index.Removed(s, op.Hashes, op.Tier)
-		return err
+		return radix.OpRemoved
 	case OpCleared:
-		a.index.Cleared(s)
-		return nil
+		return radix.OpCleared
 	}
-	return fmt.Errorf("%w: op kind %d", ErrUnknownOp, op.Kind)
+	return 0
+}
+
+func indexOp(op *Op) radix.Op {
+	return radix.Op{
+		Kind:      indexOpKind(op.Kind),
+		Namespace: op.Namespace,
+		Parent:    op.Parent,
+		HasParent: op.HasParent,
+		Hashes:    op.Hashes,
+		Keys:      op.Keys,
+		Tier:      op.Tier,
+	}
 }
 
 // RemoveWorker drops every block and cursor of every dp rank of worker.

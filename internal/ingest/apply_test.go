@@ -2,6 +2,9 @@ package ingest
 
 import (
 	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvindex/kvindex/internal/radix"
@@ -107,6 +110,84 @@ func TestApplierRefusedOpDoesNotStopTheBatch(t *testing.T) {
 	}
 	if got := matchedBlocks(t, a.Index(), w, []uint64{1}); got != 1 {
 		t.Errorf("the valid op was not applied: matched %d, want 1", got)
+	}
+}
+
+func TestApplierReportsTheFirstRefusedOpByItsPositionInTheBatch(t *testing.T) {
+	w := Stream{Worker: "w1"}
+	tests := []struct {
+		name    string
+		batch   StreamBatch
+		wantErr error
+		wantPos string
+		errors  int
+	}{
+		{"unknown kind after a valid op", StreamBatch{Stream: w, Ops: []Op{storedOp([]uint64{100}, []uint64{1}), {Kind: OpKind(42)}}},
+			ErrUnknownOp, "seq 0 op 1:", 1},
+		{"in a reset batch, positions do not count the reset", StreamBatch{Stream: w, Seq: 3, Reset: true, Epoch: 1, Ops: []Op{
+			storedOp([]uint64{100}, []uint64{1}), {Kind: OpRemoved, Tier: radix.Tier(7)}, {Kind: OpKind(0)}}},
+			radix.ErrInvalidTier, "seq 3 op 1:", 2},
+		{"zero kind", StreamBatch{Stream: w, Ops: []Op{{Kind: OpKind(0)}, storedOp([]uint64{100}, []uint64{1})}},
+			ErrUnknownOp, "seq 0 op 0:", 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := NewApplier(radix.New(radix.Config{}))
+			res := a.Apply(tt.batch)
+			if !res.Applied || res.OpErrors != tt.errors || !errors.Is(res.FirstErr, tt.wantErr) {
+				t.Fatalf("got %+v, want applied, %d errors, first %v", res, tt.errors, tt.wantErr)
+			}
+			if !strings.Contains(res.FirstErr.Error(), tt.wantPos) {
+				t.Errorf("first error %q does not name %q", res.FirstErr, tt.wantPos)
+			}
+			if got := matchedBlocks(t, a.Index(), w, []uint64{1}); got != 1 {
+				t.Errorf("the valid op was not applied: matched %d, want 1", got)
+			}
+		})
+	}
+}
+
+// TestApplierBatchIsAtomicForReaders applies batches that each store a 2-block
+// chain as two Ops while readers Match it: a reader must never see the first
+// block without the second.
+func TestApplierBatchIsAtomicForReaders(t *testing.T) {
+	a := NewApplier(radix.New(radix.Config{}))
+	w := Stream{Worker: "w1"}
+	keys := []uint64{1, 2}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var torn atomic.Int64
+	for range 2 {
+		wg.Go(func() {
+			var dst []radix.WorkerMatch
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				dst = a.Index().Match(7, keys, nil, dst)
+				if len(dst) == 1 && dst[0].Blocks == 1 {
+					torn.Add(1)
+				}
+			}
+		})
+	}
+	for seq := range uint64(30000) {
+		h := 1000 + 2*seq
+		ops := []Op{
+			{Kind: OpCleared},
+			storedOp([]uint64{h}, keys[:1]),
+			{Kind: OpStored, Namespace: 7, Parent: h, HasParent: true, Hashes: []uint64{h + 1}, Keys: keys[1:]},
+		}
+		if res := a.Apply(StreamBatch{Stream: w, Seq: seq, Ops: ops}); !res.Applied || res.OpErrors != 0 {
+			t.Fatalf("batch %d: %+v", seq, res)
+		}
+	}
+	close(done)
+	wg.Wait()
+	if n := torn.Load(); n != 0 {
+		t.Errorf("readers saw a half-applied batch %d times", n)
 	}
 }
 
