@@ -300,8 +300,11 @@ func workersCmd(fs *flag.FlagSet) func(context.Context, *kvindex.Client, *printe
 			for i, r := range w.DpRanks {
 				seqs[i] = fmt.Sprintf("%d:%d", r.DpRank, r.LastSeq)
 			}
-			state := strings.TrimPrefix(w.State.String(), "WORKER_STATE_")
-			role := strings.TrimPrefix(w.Spec.Role.String(), "WORKER_ROLE_")
+			state := strings.ToLower(strings.TrimPrefix(w.State.String(), "WORKER_STATE_"))
+			role := strings.ToLower(strings.TrimPrefix(w.Spec.Role.String(), "WORKER_ROLE_"))
+			if w.Spec.Role == kvindexv1.WorkerRole_WORKER_ROLE_UNSPECIFIED {
+				role = "aggregated"
+			}
 			rows = append(rows, []string{w.Spec.Id, w.Spec.Model, u(uint64(w.Spec.BlockSize)), role, state,
 				u(w.GpuBlocks), u(w.CpuBlocks), u(w.DiskBlocks), strings.Join(seqs, " "), w.Spec.EventsEndpoint})
 		}

@@ -105,7 +105,7 @@ func TestCommands(t *testing.T) {
 			}},
 		{name: "score other workers", args: []string{"score", "--model", model, "--tokens", "1,2,3,4", "--workers", "x,y", "--linearizable"}, code: 0,
 			stdout: []string{"x  ", "y  "}},
-		{name: "workers", args: []string{"workers"}, code: 0, stdout: []string{"ID", "eng", model, "LIVE", "0:"}},
+		{name: "workers", args: []string{"workers"}, code: 0, stdout: []string{"ID", "eng", model, "live", "aggregated", "0:"}},
 		{name: "workers json", args: []string{"workers", "--output", "json"}, code: 0, stdout: []string{`"id": "eng"`, `"gpu_blocks": "6"`}},
 		{name: "cluster", args: []string{"cluster"}, code: 0, stdout: []string{"leader kvctl-node", "kvctl-node*", "voter"}},
 		{name: "stats", args: []string{"stats"}, code: 0, stdout: []string{"nodes", "stored_attached"}},
