@@ -136,6 +136,16 @@ func (c *testCluster) kill(tn *testNode) {
 	c.net.closeAll(tn.id)
 }
 
+// killLeader waits for a leader, kills it abruptly and returns it (its Node is
+// the one it ran).
+func (c *testCluster) killLeader() (*testNode, *Node) {
+	c.t.Helper()
+	tn := c.leaderNode(20 * time.Second)
+	n := tn.get()
+	c.kill(tn)
+	return tn, n
+}
+
 func (c *testCluster) shutdown() {
 	var wg sync.WaitGroup
 	for _, tn := range c.nodes {

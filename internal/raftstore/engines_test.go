@@ -125,10 +125,8 @@ func TestLeaderKillSoakWithFakeEngines(t *testing.T) {
 	var failovers []time.Duration
 	for range kills {
 		time.Sleep(every)
-		old := c.leaderNode(20 * time.Second)
-		oldNode := old.get()
 		start := time.Now()
-		c.kill(old)
+		old, oldNode := c.killLeader()
 		managers[oldNode].Close()
 		delete(managers, oldNode)
 		logsMu.Lock()

@@ -54,9 +54,8 @@ func runLeaderKills(t *testing.T, kills int, every time.Duration) {
 	var failovers []time.Duration
 	for range kills {
 		time.Sleep(every)
-		old := c.leaderNode(20 * time.Second)
 		start := time.Now()
-		c.kill(old)
+		old, _ := c.killLeader()
 		logsMu.Lock()
 		incs := incarnations[old.id]
 		incs[len(incs)-1].killed = true

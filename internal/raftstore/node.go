@@ -366,7 +366,7 @@ func (n *Node) RaftAddr() string { return string(n.transport.LocalAddr()) }
 // leader barrier has committed).
 func (n *Node) IsLeader() bool {
 	s, _ := n.session()
-	return s != nil
+	return s != nil && s.ctx.Err() == nil && n.raft.State() == raft.Leader
 }
 
 // Leader returns the leader's id and raft address, empty when none is known.
