@@ -174,23 +174,35 @@ func (r *scoreResult) proto() *kvindexv1.ScoreResponse {
 }
 
 func (r *scoreResult) workerScores() []*kvindexv1.WorkerScore {
+	// One allocation for all scores and one for all ranks: a response lists
+	// every candidate worker, and this is the hot path.
+	scores := make([]kvindexv1.WorkerScore, len(r.workers))
+	ranks := 0
+	for i := range r.workers {
+		ranks += len(r.workers[i].ranks)
+	}
+	rankScores := make([]kvindexv1.DpRankScore, ranks)
+	rankPtrs := make([]*kvindexv1.DpRankScore, ranks)
 	out := make([]*kvindexv1.WorkerScore, len(r.workers))
+	bs := uint32(r.blockSize)
 	for i := range r.workers {
 		w := &r.workers[i]
-		ws := &kvindexv1.WorkerScore{
-			Worker: w.id, MatchedBlocks: uint32(w.blocks), MatchedTokens: uint32(w.blocks * r.blockSize),
-			HitRate:          hitRate(w.blocks, r.totalBlocks),
-			GpuMatchedBlocks: uint32(w.perTier[radix.TierGPU]), CpuMatchedBlocks: uint32(w.perTier[radix.TierCPU]),
-			DiskMatchedBlocks: uint32(w.perTier[radix.TierDisk]),
-		}
-		if len(w.ranks) > 0 {
-			ws.DpRanks = make([]*kvindexv1.DpRankScore, len(w.ranks))
+		ws := &scores[i]
+		ws.Worker, ws.MatchedBlocks, ws.MatchedTokens = w.id, uint32(w.blocks), uint32(w.blocks)*bs
+		ws.HitRate = hitRate(w.blocks, r.totalBlocks)
+		ws.GpuMatchedBlocks = uint32(w.perTier[radix.TierGPU])
+		ws.CpuMatchedBlocks = uint32(w.perTier[radix.TierCPU])
+		ws.DiskMatchedBlocks = uint32(w.perTier[radix.TierDisk])
+		if n := len(w.ranks); n > 0 {
+			ws.DpRanks, rankPtrs = rankPtrs[:n:n], rankPtrs[n:]
 			for j, rk := range w.ranks {
-				ws.DpRanks[j] = &kvindexv1.DpRankScore{
-					DpRank: rk.rank, MatchedBlocks: uint32(rk.blocks), MatchedTokens: uint32(rk.blocks * r.blockSize),
-					GpuMatchedBlocks: uint32(rk.perTier[radix.TierGPU]), CpuMatchedBlocks: uint32(rk.perTier[radix.TierCPU]),
-					DiskMatchedBlocks: uint32(rk.perTier[radix.TierDisk]),
-				}
+				d := &rankScores[0]
+				rankScores = rankScores[1:]
+				d.DpRank, d.MatchedBlocks, d.MatchedTokens = rk.rank, uint32(rk.blocks), uint32(rk.blocks)*bs
+				d.GpuMatchedBlocks = uint32(rk.perTier[radix.TierGPU])
+				d.CpuMatchedBlocks = uint32(rk.perTier[radix.TierCPU])
+				d.DiskMatchedBlocks = uint32(rk.perTier[radix.TierDisk])
+				ws.DpRanks[j] = d
 			}
 		}
 		out[i] = ws

@@ -110,17 +110,27 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 	nsID := ns.ID()
 	a.names.learn(nsID, ns)
 
-	candidates := q.workers
-	if candidates == nil {
-		candidates = mv.ids()
+	// Candidates in id order, and the filter of those that can hold these keys:
+	// workers of the model with the same block size.
+	var cands []*viewWorker
+	var filter []string
+	if q.workers == nil {
+		cands = mv.all()
+		if filter = mv.idsWithBlockSize(bs); filter == nil {
+			filter = []string{}
+		}
 	} else {
-		candidates = slices.Compact(slices.Sorted(slices.Values(candidates)))
-	}
-	// Only workers of the model with the same block size can hold these keys.
-	filter := make([]string, 0, len(candidates))
-	for _, id := range candidates {
-		if w := view.byID[id]; w != nil && w.model == q.model && (w.blockSize == 0 || w.blockSize == bs) {
-			filter = append(filter, id)
+		ids := slices.Compact(slices.Sorted(slices.Values(q.workers)))
+		cands = make([]*viewWorker, len(ids))
+		filter = make([]string, 0, len(ids))
+		for i, id := range ids {
+			w := view.byID[id]
+			if w == nil {
+				w = &viewWorker{id: id} // unknown: scores zero, reports no ranks
+			} else if w.model == q.model && (w.blockSize == 0 || w.blockSize == bs) {
+				filter = append(filter, id)
+			}
+			cands[i] = w
 		}
 	}
 	mb := matchPool.Get().(*[]radix.WorkerMatch)
@@ -129,24 +139,29 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 	matches := a.backend.Index().Match(nsID, keys, filter, (*mb)[:0])
 	*mb = matches
 
-	res.workers = make([]workerResult, 0, len(candidates))
+	ranks := 0
+	for _, w := range cands {
+		ranks += int(w.ranks)
+	}
+	flat := make([]rankResult, 0, ranks)
+	res.workers = make([]workerResult, len(cands))
+	matched := 0 // res.workers[:matched] have blocks
 	m := 0
-	for _, id := range candidates {
-		for m < len(matches) && matches[m].Worker.Worker < id {
+	for i, w := range cands {
+		for m < len(matches) && matches[m].Worker.Worker < w.id {
 			m++
 		}
-		wr := workerResult{id: id}
-		if w := view.byID[id]; w != nil {
-			wr.registered = true
-			wr.ranks = make([]rankResult, w.ranks)
-			for r := range wr.ranks {
-				wr.ranks[r].rank = uint32(r)
-			}
+		wr := &res.workers[i]
+		wr.id, wr.registered = w.id, w.model != ""
+		start := len(flat)
+		for r := range w.ranks {
+			flat = append(flat, rankResult{rank: r})
 		}
-		for ; m < len(matches) && matches[m].Worker.Worker == id; m++ {
+		wr.ranks = flat[start:len(flat):len(flat)]
+		for ; m < len(matches) && matches[m].Worker.Worker == w.id; m++ {
 			wm := &matches[m]
 			rank := wm.Worker.DPRank
-			for uint32(len(wr.ranks)) <= rank {
+			for uint32(len(wr.ranks)) <= rank { // a rank beyond the spec's dp_size
 				wr.ranks = append(wr.ranks, rankResult{rank: uint32(len(wr.ranks))})
 			}
 			wr.ranks[rank].blocks, wr.ranks[rank].perTier = wm.Blocks, wm.PerTier
@@ -154,12 +169,22 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 				wr.blocks, wr.perTier = wm.Blocks, wm.PerTier
 			}
 		}
-		res.workers = append(res.workers, wr)
+		if wr.blocks > 0 {
+			res.workers[matched], res.workers[i] = res.workers[i], res.workers[matched]
+			matched++
+		}
 	}
-	slices.SortStableFunc(res.workers, func(x, y workerResult) int { return cmp.Compare(y.blocks, x.blocks) })
+	// Workers without blocks stay in id order after the others; swapping moved
+	// some of them, so restore their order, then sort the matched ones.
+	slices.SortFunc(res.workers[matched:], func(x, y workerResult) int { return strings.Compare(x.id, y.id) })
+	slices.SortFunc(res.workers[:matched], func(x, y workerResult) int {
+		if c := cmp.Compare(y.blocks, x.blocks); c != 0 {
+			return c
+		}
+		return strings.Compare(x.id, y.id)
+	})
 	return res, nil
 }
-
 // promptTokens returns the prompt of q as token ids, tokenizing text and chat
 // messages with the model's tokenizer.
 func (a *API) promptTokens(q *scoreQuery) ([]uint32, error) {
@@ -244,17 +269,30 @@ type viewWorker struct {
 type modelView struct {
 	workers    []*viewWorker // by id
 	blockSizes []int         // distinct known block sizes, ascending
+	// byBlockSize holds, per known block size, the ids of the workers with it
+	// or with none known; unknownBlockSize the ids of the latter alone.
+	byBlockSize      map[int][]string
+	unknownBlockSize []string
 }
 
-func (mv *modelView) ids() []string {
+// all returns the model's workers, by id (nil for an unknown model).
+func (mv *modelView) all() []*viewWorker {
 	if mv == nil {
-		return []string{}
+		return nil
 	}
-	ids := make([]string, len(mv.workers))
-	for i, w := range mv.workers {
-		ids[i] = w.id
+	return mv.workers
+}
+
+// idsWithBlockSize returns the ids of the model's workers whose block size is
+// bs or unknown, by id; the slice is shared.
+func (mv *modelView) idsWithBlockSize(bs int) []string {
+	if mv == nil {
+		return nil
 	}
-	return ids
+	if ids, ok := mv.byBlockSize[bs]; ok {
+		return ids
+	}
+	return mv.unknownBlockSize
 }
 
 // resolveBlockSize returns the block size to cut a prompt for model with: the
@@ -323,6 +361,17 @@ func (c *viewCache) get(ctx context.Context) (*registryView, error) {
 	for _, mv := range v.byModel {
 		slices.SortFunc(mv.workers, func(x, y *viewWorker) int { return strings.Compare(x.id, y.id) })
 		slices.Sort(mv.blockSizes)
+		mv.byBlockSize = map[int][]string{}
+		for _, w := range mv.workers {
+			if w.blockSize == 0 {
+				mv.unknownBlockSize = append(mv.unknownBlockSize, w.id)
+			}
+			for _, bs := range mv.blockSizes {
+				if w.blockSize == 0 || w.blockSize == bs {
+					mv.byBlockSize[bs] = append(mv.byBlockSize[bs], w.id)
+				}
+			}
+		}
 	}
 	c.cur.Store(v)
 	return v, nil
