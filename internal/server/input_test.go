@@ -184,6 +184,8 @@ func TestErrorTableMapsEverySentinel(t *testing.T) {
 		{ErrNotFound, codes.NotFound, 404},
 		{ErrAlreadyExists, codes.AlreadyExists, 409},
 		{ingest.ErrWorkerConflict, codes.FailedPrecondition, 400},
+		{fmt.Errorf("messages: %w", tokenize.ErrNotSupported), codes.FailedPrecondition, 400},
+		{fmt.Errorf("x: %w", tokenize.ErrUnknownModel), codes.NotFound, 404},
 		{ErrUnauthenticated, codes.Unauthenticated, 401},
 		{ErrPermissionDenied, codes.PermissionDenied, 403},
 		{ErrTooLarge, codes.ResourceExhausted, 413},

@@ -3,6 +3,7 @@ package server
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -216,6 +217,9 @@ func (a *API) promptTokens(q *scoreQuery) ([]uint32, error) {
 				return nil, invalidArg("messages must not be empty")
 			}
 			rendered, err := tok.ApplyChatTemplate(q.messages, q.chat)
+			if errors.Is(err, tokenize.ErrNotSupported) {
+				return nil, fmt.Errorf("messages: %w", err) // no chat template: failed_precondition
+			}
 			if err != nil {
 				return nil, fmt.Errorf("%w: messages: %w", ErrInvalidArgument, err)
 			}
