@@ -31,9 +31,7 @@ import (
 // Subscribe and the Subscription methods from anywhere.
 type ChangeFeed struct {
 	buffer int
-	names  *namespaceNames
-	// model returns the registered model of a worker ("" when unknown).
-	model func(worker string) string
+	naming atomic.Pointer[feedNaming]
 
 	active atomic.Int32
 	mu     sync.Mutex
@@ -50,16 +48,26 @@ func NewChangeFeed(buffer int) *ChangeFeed {
 	if buffer <= 0 {
 		buffer = DefaultWatchBuffer
 	}
-	return &ChangeFeed{buffer: buffer, names: &namespaceNames{}, model: func(string) string { return "" },
-		subs: map[*Subscription]struct{}{}}
+	f := &ChangeFeed{buffer: buffer, subs: map[*Subscription]struct{}{}}
+	f.name(&namespaceNames{}, func(string) string { return "" })
+	return f
 }
 
-// name sets how changes are named: model gives a worker's model (for filtering
-// and the model field) and must not block; names resolves namespace ids. It is
-// called once, before anything is applied.
-func (f *ChangeFeed) name(names *namespaceNames, model func(worker string) string) {
-	f.names, f.model = names, model
+// feedNaming is how changes are named: model gives a worker's model ("" when
+// unknown; for filtering and the model field) and must not block; names
+// resolves namespace ids.
+type feedNaming struct {
+	names *namespaceNames
+	model func(worker string) string
 }
+
+// name sets how changes are named. It may be called while batches are applied
+// (a raft node replays its log before its API exists).
+func (f *ChangeFeed) name(names *namespaceNames, model func(worker string) string) {
+	f.naming.Store(&feedNaming{names: names, model: model})
+}
+
+func (f *ChangeFeed) model(worker string) string { return f.naming.Load().model(worker) }
 
 // Subscription is one Watch: batches of changes in applied order on C until it
 // is closed, by Close or because it fell behind (Err is then ErrWatchLagging).
@@ -241,7 +249,7 @@ func (f *ChangeFeed) change(s ingest.Stream, kind kvindexv1.ChangeKind, ns uint6
 		c.Tier = tierProto(tier)
 		c.NamespaceId = ns
 		c.Model = f.model(s.Worker)
-		if n, ok := f.names.lookup(ns); ok {
+		if n, ok := f.naming.Load().names.lookup(ns); ok {
 			c.Model, c.LoraName, c.CacheSalt = n.Model, n.LoRA, n.CacheSalt
 		}
 	}
