@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -44,6 +45,30 @@ func FuzzRESTBodies(f *testing.F) {
 		}
 		if !json.Valid(rec.Body.Bytes()) {
 			t.Fatalf("POST %s %q answered non-JSON %q", path, body, rec.Body)
+		}
+	})
+}
+
+// FuzzTokenIDs checks the hand-written token id parser against encoding/json:
+// both accept the same arrays with the same values.
+func FuzzTokenIDs(f *testing.F) {
+	for _, seed := range []string{`[1,2,3]`, ` [ 0 , 4294967295 ] `, `[]`, `null`, `[4294967296]`, `[-1]`, `[1.5]`, `[1e3]`,
+		`[01]`, `["1"]`, `[1,]`, `[,1]`, `[1 2]`, `{}`, `[`, `[1`, "[\t1\r\n]"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, data string) {
+		var mine tokenIDs
+		mineErr := mine.UnmarshalJSON([]byte(data))
+		var std []uint32
+		stdErr := json.Unmarshal([]byte(data), &std)
+		if !json.Valid([]byte(data)) {
+			return // encoding/json checks validity before calling UnmarshalJSON
+		}
+		if (mineErr == nil) != (stdErr == nil) {
+			t.Fatalf("%q: mine %v, encoding/json %v", data, mineErr, stdErr)
+		}
+		if mineErr == nil && !slices.Equal([]uint32(mine), std) {
+			t.Fatalf("%q: mine %v, encoding/json %v", data, mine, std)
 		}
 	})
 }

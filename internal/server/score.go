@@ -186,6 +186,7 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 	})
 	return res, nil
 }
+
 // promptTokens returns the prompt of q as token ids, tokenizing text and chat
 // messages with the model's tokenizer.
 func (a *API) promptTokens(q *scoreQuery) ([]uint32, error) {
