@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
@@ -112,6 +113,9 @@ type localBackend struct {
 	sink     *ingest.LocalSink
 	ingest   *ingest.Manager
 	running  *atomic.Bool // the apply loop runs
+	// registry serialises RegisterWorker and UnregisterWorker, which check the
+	// registry and then change it.
+	registry sync.Mutex
 }
 
 var _ Backend = (*localBackend)(nil)
@@ -159,6 +163,8 @@ func (b *localBackend) lookup(id string) (ingest.WorkerSpec, bool) {
 }
 
 func (b *localBackend) RegisterWorker(_ context.Context, spec ingest.WorkerSpec) (uint64, error) {
+	b.registry.Lock()
+	defer b.registry.Unlock()
 	if old, ok := b.lookup(spec.ID); ok {
 		if !old.Equal(spec) {
 			return 0, fmt.Errorf("%w: worker %q is registered as %s", ErrAlreadyExists, spec.ID, old.String())
@@ -172,6 +178,8 @@ func (b *localBackend) RegisterWorker(_ context.Context, spec ingest.WorkerSpec)
 }
 
 func (b *localBackend) UnregisterWorker(ctx context.Context, id string) (uint64, error) {
+	b.registry.Lock()
+	defer b.registry.Unlock()
 	if _, ok := b.lookup(id); !ok {
 		return 0, fmt.Errorf("%w: no worker %q", ErrNotFound, id)
 	}
