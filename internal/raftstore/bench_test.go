@@ -39,6 +39,9 @@ func startPlainCluster(tb testing.TB, n int, configure func(c *Config)) []*Node 
 		cfg.NodeID, cfg.RaftAddr, cfg.DataDir = fmt.Sprintf("node-%d", i), "127.0.0.1:0", filepath.Join(tb.TempDir(), "data")
 		cfg.Bootstrap = i == 0
 		cfg.Logger = testLogger()
+		// Longer than DefaultConfig's: on a shared 2-core machine a starved leader
+		// otherwise loses its lease mid-run, which measures the neighbours.
+		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 2*time.Second, 2*time.Second, time.Second
 		if configure != nil {
 			configure(&cfg)
 		}
@@ -223,7 +226,7 @@ func BenchmarkReplicated(b *testing.B) {
 
 // BenchmarkReplicatedSteady offers a fixed load below saturation, for latency.
 func BenchmarkReplicatedSteady(b *testing.B) {
-	for _, rate := range []float64{100e3, 500e3} {
+	for _, rate := range []float64{100e3, 500e3, 1000e3} {
 		b.Run(fmt.Sprintf("rate=%.0fk", rate/1e3), func(b *testing.B) { runReplicated(b, rate, nil) })
 	}
 }
@@ -231,14 +234,25 @@ func BenchmarkReplicatedSteady(b *testing.B) {
 // BenchmarkRawEntries proposes every stream batch as its own log entry (no
 // batching), pipelined or one at a time, to show what batching buys.
 func BenchmarkRawEntries(b *testing.B) {
-	for _, inflight := range []int{1, 64} {
-		for _, batchApplyCh := range []bool{false, true} {
-			b.Run(fmt.Sprintf("inflight=%d/batch-apply-ch=%v", inflight, batchApplyCh), func(b *testing.B) {
-				runReplicated(b, 0, func(c *Config) {
-					c.MaxBatchEvents, c.MaxInFlight, c.BatchApplyCh = 1, inflight, batchApplyCh
-				})
+	cases := []struct {
+		name string
+		set  func(c *Config)
+	}{
+		{"inflight=1", func(c *Config) { c.MaxInFlight = 1 }},
+		{"inflight=64", nil},
+		{"inflight=64/no-batch-apply-ch", func(c *Config) { c.BatchApplyCh = false }},
+		{"inflight=64/no-log-cache", func(c *Config) { c.LogCacheSize = 0 }},
+		{"inflight=256/max-append=1024", func(c *Config) { c.MaxInFlight, c.MaxAppendEntries = 256, 1024 }},
+	}
+	for _, tc := range cases {
+		b.Run(tc.name, func(b *testing.B) {
+			runReplicated(b, 0, func(c *Config) {
+				c.MaxBatchEvents = 1
+				if tc.set != nil {
+					tc.set(c)
+				}
 			})
-		}
+		})
 	}
 }
 
