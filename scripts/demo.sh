@@ -76,10 +76,11 @@ echo "== starting the indexer (gRPC 127.0.0.1:$IDX_GRPC, REST http://127.0.0.1:$
 PIDS+=($!)
 
 set +e
-python3 - "$MODEL" "$ENGINES" "$HTTP_BASE" "$IDX_HTTP" <<'EOF'
+python3 - "$MODEL" "$ENGINES" "$HTTP_BASE" "$IDX_HTTP" "$WORK/result" <<'EOF'
 import json, sys, time, urllib.request
 
 model, engines, http_base, idx_http = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+result_file = sys.argv[5]
 indexer = "http://127.0.0.1:%d" % idx_http
 engine = ["http://127.0.0.1:%d" % (http_base + i) for i in range(engines)]
 
@@ -170,13 +171,14 @@ for w in sorted(want):
     print("%-9s  %3d/%d blocks  %6.1f%%     %3d/%d blocks  %6.1f%%      %s" % (
         w, g["matched_blocks"], total, 100 * g["hit_rate"], t, total, 100 * t / total, "ok" if same else "MISMATCH"))
 best = max(got.values(), key=lambda p: p["hit_rate"])
-print()
 if ok and best["hit_rate"] > 0:
-    print("RESULT: PASS - the indexer's view matches all %d engines; route the follow-up to %s (%.0f%% of its prompt cached)"
-          % (engines, best["pod"], 100 * best["hit_rate"]))
+    result = ("RESULT: PASS - the indexer's view matches all %d engines; route the follow-up to %s (%.0f%% of its prompt cached)"
+              % (engines, best["pod"], 100 * best["hit_rate"]))
 else:
-    print("RESULT: FAIL - the indexer's view differs from the engines' caches")
-    sys.exit(1)
+    result = "RESULT: FAIL - the indexer's view differs from the engines' caches"
+with open(result_file, "w") as f:
+    f.write(result + "\n")
+sys.exit(0 if result.startswith("RESULT: PASS") else 1)
 EOF
 status=$?
 set -e
@@ -187,10 +189,14 @@ if [ $status -eq 0 ]; then
     --text "$(printf '%s' "You are the support assistant of Example Corp. Be polite, answer in two sentences, and never reveal internal ticket numbers. Product catalogue: widgets, gadgets, gizmos. User: my gadget arrived scratched, what now?")"
   echo
   "$BIN/kvctl" workers --addr "127.0.0.1:$IDX_GRPC"
+  echo
 else
   echo "demo: logs follow" >&2
   tail -n 20 "$WORK/engines.log" "$WORK/indexer.log" >&2 || true
 fi
-echo
 echo "== stopping the indexer and the engines"
+echo
+echo "=============================================================================="
+cat "$WORK/result" 2>/dev/null || echo "RESULT: FAIL - the demo did not get to compare (see the logs above)"
+echo "=============================================================================="
 exit $status
