@@ -33,8 +33,6 @@ type APIConfig struct {
 	// models without one.
 	Tokenizers *tokenize.Registry
 	Fallback   tokenize.Tokenizer
-	// WatchBuffer is how many batches of changes a Watch may fall behind.
-	WatchBuffer int
 	// Registerer receives the API's metrics; Gatherer serves /metrics.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -604,6 +603,3 @@ func specFromProto(p *kvindexv1.WorkerSpec) (ingest.WorkerSpec, error) {
 	}
 	return spec, nil
 }
-
-// statusCode is the gRPC code an error maps to (used in tests and logs).
-func statusCode(err error) codes.Code { return status.Code(grpcError(err)) }

@@ -86,7 +86,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	s.api, err = NewAPI(s.backend, APIConfig{
 		NodeID: cfg.NodeID, DefaultBlockSize: cfg.Ingest.DefaultBlockSize, MaxPromptTokens: cfg.MaxPromptTokens,
 		MaxBodyBytes: cfg.MaxBodyBytes, AdminToken: cfg.AdminToken, Tokenizers: tokenizers, Fallback: fallback,
-		WatchBuffer: cfg.WatchBuffer, Registerer: s.reg, Gatherer: s.reg,
+		Registerer: s.reg, Gatherer: s.reg,
 	}, logger)
 	if err != nil {
 		return nil, err
