@@ -131,6 +131,10 @@ func TestBadGRPCInputIsRefusedClearly(t *testing.T) {
 			_, err := f.index.Score(ctx, &kvindexv1.ScoreRequest{Model: testModel, TokenIds: million})
 			return err
 		}, codes.ResourceExhausted, "--max-prompt-tokens"},
+		{"10 MB message", func() error {
+			_, err := f.index.Score(ctx, &kvindexv1.ScoreRequest{Model: testModel, Text: strings.Repeat("a", 10<<20)})
+			return err
+		}, codes.ResourceExhausted, "larger than max"},
 		{"sequence hashes", func() error {
 			_, err := f.index.QueryByHash(ctx, &kvindexv1.QueryByHashRequest{Model: testModel, BlockHashes: []uint64{1}})
 			return err
