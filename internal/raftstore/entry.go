@@ -94,9 +94,11 @@ type Entry struct {
 	GRPCAddr  string               // EntryMemberAddr
 }
 
-// EncodeEntry appends the encoding of e to dst. EntryStreamBatches fails with
-// ErrInvalidBatch for a batch the log cannot carry.
+// EncodeEntry appends the encoding of e to dst (with the ignorable flag when
+// e.Ignorable). EntryStreamBatches fails with ErrInvalidBatch for a batch the log
+// cannot carry, EntryRegisterWorker with ErrInvalidWorker.
 func EncodeEntry(dst []byte, e *Entry) ([]byte, error) {
+	start := len(dst)
 	switch e.Type {
 	case EntryStreamBatches:
 		var be batchEncoder
@@ -105,19 +107,24 @@ func EncodeEntry(dst []byte, e *Entry) ([]byte, error) {
 				return dst, err
 			}
 		}
-		return be.finish(dst), nil
+		dst = be.finish(dst)
 	case EntryRegisterWorker:
 		if err := checkWorker(&e.Worker); err != nil {
 			return dst, err
 		}
-		return appendWorker(appendHeader(dst, e.Type), &e.Worker), nil
+		dst = appendWorker(appendHeader(dst, e.Type), &e.Worker)
 	case EntryUnregisterWorker, EntryMemberRemoved:
-		return appendString(appendHeader(dst, e.Type), e.ID), nil
+		dst = appendString(appendHeader(dst, e.Type), e.ID)
 	case EntryMemberAddr:
 		dst = appendString(appendHeader(dst, e.Type), e.ID)
-		return appendString(dst, e.GRPCAddr), nil
+		dst = appendString(dst, e.GRPCAddr)
+	default:
+		return dst, fmt.Errorf("%w: cannot encode %v", ErrUnknownEntryType, e.Type)
 	}
-	return dst, fmt.Errorf("%w: cannot encode %v", ErrUnknownEntryType, e.Type)
+	if e.Ignorable {
+		dst[start+1] |= ignorableFlag
+	}
+	return dst, nil
 }
 
 func appendHeader(dst []byte, t EntryType) []byte { return append(dst, entryVersion, byte(t)) }

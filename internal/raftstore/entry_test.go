@@ -57,6 +57,7 @@ func TestEntryRoundTrip(t *testing.T) {
 		{"unregister", Entry{Type: EntryUnregisterWorker, ID: "vllm-0"}},
 		{"member address", Entry{Type: EntryMemberAddr, ID: "node-2", GRPCAddr: "10.0.0.2:7070"}},
 		{"member removed", Entry{Type: EntryMemberRemoved, ID: "node-2"}},
+		{"known type marked ignorable", Entry{Type: EntryMemberRemoved, Ignorable: true, ID: "node-2"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
