@@ -65,7 +65,7 @@ func startIndexer(t *testing.T, args ...string) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, append([]string{"--http-addr=127.0.0.1:0", "--log-format=json"}, args...), io.Discard, logs)
+		done <- run(ctx, append([]string{"--http-addr=127.0.0.1:0", "--grpc-addr=127.0.0.1:0", "--log-format=json"}, args...), io.Discard, logs)
 	}()
 	t.Cleanup(func() {
 		cancel()
