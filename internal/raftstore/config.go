@@ -91,6 +91,16 @@ type Config struct {
 	// OnBatch, when set, is told about every committed stream batch (see
 	// BatchObserver).
 	OnBatch BatchObserver
+	// BeforeBatch, when set, is called on the apply goroutine just before a
+	// committed stream batch is handed to the Applier (not for batches dropped
+	// because their worker was unregistered), so that an observer can read the
+	// index as it was before the batch (OnBatch is called after). Same rules as
+	// OnBatch.
+	BeforeBatch func(index uint64, b *ingest.StreamBatch)
+	// OnWorkerRemoved, when set, is called on the apply goroutine after an
+	// unregistration removed worker id's blocks, with the entry's log index.
+	// Same rules as OnBatch.
+	OnWorkerRemoved func(index uint64, id string)
 }
 
 // DefaultConfig returns a configuration for a LAN cluster with the batching the

@@ -41,8 +41,8 @@
 //
 // Node's methods are safe for concurrent use. raft applies entries on one
 // goroutine; Index(), Applier().Cursor, Workers and Cluster may run beside it.
-// Config.OnWorkersChanged and Config.OnBatch run on the apply goroutine and must
-// not call back into the Node. A RunWhileLeader function must return soon after
+// Config.OnWorkersChanged, OnBatch, BeforeBatch and OnWorkerRemoved run on the
+// apply goroutine and must not call back into the Node. A RunWhileLeader function must return soon after
 // its context ends: the next leader session, and Shutdown, wait for it.
 //
 // # Metrics

@@ -74,7 +74,11 @@ type fsm struct {
 	log       *slog.Logger
 	onWorkers func([]ingest.WorkerSpec)
 	onBatch   BatchObserver
-	metrics   *metrics
+	// beforeBatch and onRemoved are Config.BeforeBatch and Config.OnWorkerRemoved
+	// (set by NewNode after newFSM; nil when unused).
+	beforeBatch func(index uint64, b *ingest.StreamBatch)
+	onRemoved   func(index uint64, id string)
+	metrics     *metrics
 
 	mu      sync.RWMutex
 	workers map[string]ingest.WorkerSpec // guarded by mu
@@ -147,6 +151,9 @@ func (f *fsm) applyBatches(index uint64, batches []ingest.StreamBatch) ApplyResu
 			outcome = BatchOfRemovedWorker
 			res.OfRemovedWorkers++
 		} else {
+			if f.beforeBatch != nil {
+				f.beforeBatch(index, b)
+			}
 			out = f.applier.Apply(*b)
 			if out.Applied {
 				outcome = BatchApplied
@@ -210,6 +217,9 @@ func (f *fsm) unregister(id string, index uint64) error {
 	list := f.workerListLocked()
 	f.mu.Unlock()
 	f.applier.RemoveWorker(id)
+	if f.onRemoved != nil {
+		f.onRemoved(index, id)
+	}
 	f.notifyWorkers(list)
 	return nil
 }

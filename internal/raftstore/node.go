@@ -151,6 +151,7 @@ func NewNode(cfg Config) (_ *Node, err error) {
 
 	n.applier = ingest.NewApplier(radix.New(cfg.Index))
 	n.fsm = newFSM(n.applier, log, n.metrics, cfg.OnWorkersChanged, cfg.OnBatch)
+	n.fsm.beforeBatch, n.fsm.onRemoved = cfg.BeforeBatch, cfg.OnWorkerRemoved
 	rc := cfg.raftConfig()
 	rc.Logger = newHCLogger(log, "raft")
 	hasState, err := raft.HasExistingState(logs, n.store, n.snapshots)
