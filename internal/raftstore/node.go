@@ -534,6 +534,12 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	return n.stop(false)
 }
 
+// Kill stops the node as a crash would: its transport closes first and
+// leadership is not handed over, so the other members notice only by missing
+// heartbeats. The data dir stays as it is, for a restart. For fault drills and
+// tests; Shutdown is the orderly stop.
+func (n *Node) Kill() error { return n.stop(true) }
+
 func (n *Node) otherVoters() bool {
 	f := n.raft.GetConfiguration()
 	if f.Error() != nil {
