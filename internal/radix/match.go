@@ -39,11 +39,11 @@ type matchScratch struct {
 type matchSlot struct {
 	mark    uint64
 	allowed uint32   // epoch of the call whose filter admits this worker
-	tiers   [4]int32 // [NumTiers] rounded up so a 2-bit index needs no bounds check
+	tiers   [NumTiers]int32
 }
 
 // fastestTier maps a residency's tier mask to the fastest tier in it (mask 0, an
-// empty holder slot, to 3, a count no caller reads). A table, because
+// empty holder slot, to NumTiers: no caller looks it up). A table, because
 // bits.TrailingZeros compiles to BSF for the baseline amd64 target, several
 // times slower than this load in the loops below.
 var fastestTier = [8]uint8{3, 0, 1, 0, 2, 0, 1, 0}
@@ -189,7 +189,7 @@ func (sc *matchScratch) admit(holders [2]uint32, filtered bool, mark uint64, ran
 			continue
 		}
 		s.mark = mark
-		s.tiers = [4]int32{}
+		s.tiers = [NumTiers]int32{}
 		s.tiers[fastestTier[r&7]] = 1
 		sc.touched = append(sc.touched, uint64(rank[wid])<<32|uint64(wid))
 	}
