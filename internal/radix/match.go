@@ -38,7 +38,7 @@ type matchScratch struct {
 
 type matchSlot struct {
 	mark    uint64
-	allowed uint32   // epoch of the call whose filter admits this worker
+	allowed uint32 // epoch of the call whose filter admits this worker
 	tiers   [NumTiers]int32
 }
 
