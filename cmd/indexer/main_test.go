@@ -62,10 +62,13 @@ func startEngine(t *testing.T) *fakeengine.Engine {
 func startIndexer(t *testing.T, args ...string) string {
 	t.Helper()
 	logs := &syncBuffer{}
+	dataDir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, append([]string{"--http-addr=127.0.0.1:0", "--grpc-addr=127.0.0.1:0", "--log-format=json"}, args...), io.Discard, logs)
+		done <- run(ctx, append([]string{"--http-addr=127.0.0.1:0", "--grpc-addr=127.0.0.1:0", "--raft-addr=127.0.0.1:0",
+			"--data-dir=" + dataDir, "--raft-heartbeat-timeout=200ms", "--raft-election-timeout=200ms",
+			"--raft-leader-lease-timeout=100ms", "--log-format=json"}, args...), io.Discard, logs)
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -40,7 +40,8 @@ func startIndexer(t *testing.T, prompt []uint32) string {
 	}
 	cfg := server.DefaultConfig()
 	cfg.NodeID = "kvctl-node"
-	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.HTTPAddr, cfg.GRPCAddr, cfg.Raft.RaftAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.DataDir = t.TempDir()
 	cfg.AdminToken = "tok"
 	cfg.Ingest.Workers = []ingest.WorkerSpec{spec}
 	cfg.Ingest.DefaultBlockSize = 4

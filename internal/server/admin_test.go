@@ -186,7 +186,7 @@ func TestRegisterAndUnregister(t *testing.T) {
 // blocks with the chain hashes a router computes, removals, clears and the
 // worker's removal.
 func TestWatchStreamsChanges(t *testing.T) {
-	f := newFixture(t, fixtureOptions{engines: []engineSpec{{name: "w0", dp: 1, gpuBlocks: 8}, {name: "w1", dp: 1, gpuBlocks: 64}}})
+	f := newFixture(t, fixtureOptions{engines: []engineSpec{{name: "w0", dp: 1, gpuBlocks: 8}, {name: "w1", dp: 1, gpuBlocks: 64}}, register: true})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stream, err := f.index.Watch(ctx, &kvindexv1.WatchRequest{Workers: []string{"w0"}})

@@ -16,8 +16,6 @@ import (
 
 // APIConfig configures the query API.
 type APIConfig struct {
-	// NodeID names this node in logs and in single-node cluster answers.
-	NodeID string
 	// DefaultBlockSize is the block size of workers that do not state one
 	// (--block-size); 0 when unknown.
 	DefaultBlockSize int
@@ -52,7 +50,6 @@ type API struct {
 	maxPromptTokens  int
 	maxBodyBytes     int64
 	adminToken       string
-	nodeID           string
 	gatherer         prometheus.Gatherer
 	names            *namespaceNames
 	view             *viewCache
@@ -74,7 +71,7 @@ func NewAPI(b Backend, cfg APIConfig, logger *slog.Logger) (*API, error) {
 	a := &API{
 		backend: b, log: logger, tokenizers: cfg.Tokenizers, fallback: cfg.Fallback,
 		defaultBlockSize: cfg.DefaultBlockSize, maxPromptTokens: cfg.MaxPromptTokens,
-		maxBodyBytes: cfg.MaxBodyBytes, adminToken: cfg.AdminToken, nodeID: cfg.NodeID,
+		maxBodyBytes: cfg.MaxBodyBytes, adminToken: cfg.AdminToken,
 		gatherer: cfg.Gatherer, names: &namespaceNames{},
 	}
 	a.view = &viewCache{backend: b, log: logger, defaultBlockSize: cfg.DefaultBlockSize, names: a.names, ttl: viewTTL}

@@ -100,9 +100,14 @@ func setupBench() (*benchEnv, error) {
 		env.texts = append(env.texts, text)
 		env.prefixes = append(env.prefixes, ids[:benchPrefixToks])
 	}
+	dataDir, err := os.MkdirTemp("", "kvindex-bench-")
+	if err != nil {
+		return nil, err
+	}
 	cfg := DefaultConfig()
 	cfg.NodeID = "bench"
-	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.HTTPAddr, cfg.GRPCAddr, cfg.Raft.RaftAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.DataDir = dataDir
 	cfg.Ingest.DefaultBlockSize = benchBlock
 	cfg.MaxBodyBytes = 8 << 20
 	for w := range benchWorkers {
@@ -147,7 +152,11 @@ func setupBench() (*benchEnv, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
-	env.stop = func() { cancel(); <-done }
+	env.stop = func() {
+		cancel()
+		<-done
+		os.RemoveAll(dataDir)
+	}
 	if env.conn, err = grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/envflag"
 	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/raftstore"
 	"github.com/kvindex/kvindex/internal/tokenize"
 )
 
@@ -31,11 +32,26 @@ var ErrInvalidConfig = errors.New("indexer: invalid config")
 // variables > the --config file > DefaultConfig.
 type Config struct {
 	NodeID string
-	// DataDir is the node's data directory (Raft log and snapshots, from the
-	// replication issue on); a single node keeps its index in memory.
-	DataDir      string
-	GRPCAddr     string
-	HTTPAddr     string
+	// DataDir holds the node's raft log and stable store (raft.db) and its
+	// snapshots; a restart resumes from it.
+	DataDir  string
+	GRPCAddr string
+	// GRPCAdvertise is the gRPC address other members and clients reach this
+	// node at (forwarded writes, not-leader answers); empty: GRPCAddr as bound,
+	// which must then name a specific host.
+	GRPCAdvertise string
+	HTTPAddr      string
+	// Join is the gRPC address of a member of the cluster to join (--join);
+	// empty: a node without raft state starts a cluster of its own.
+	Join string
+	// Bootstrap (--bootstrap) states that this node starts the cluster. It is
+	// what a node without --join does anyway, so it only guards against a
+	// --join given by mistake.
+	Bootstrap bool
+	// Raft configures replication: the raft address (RaftAddr, RaftAdvertise),
+	// batching, snapshots and timing. New fills in NodeID, DataDir, the gRPC
+	// address, Bootstrap, the logger, the metrics registerer and the callbacks.
+	Raft         raftstore.Config
 	MaxBodyBytes int64
 	// MaxPromptTokens bounds the tokens of a prompt and the hashes of a query.
 	MaxPromptTokens int
@@ -52,10 +68,8 @@ type Config struct {
 	FallbackTokenizer string
 	// WatchBuffer is how many batches of changes a Watch stream may fall behind.
 	WatchBuffer int
-	// QueueCapacity is the single-node apply queue, in batches.
-	QueueCapacity int
-	LogLevel      string
-	LogFormat     string
+	LogLevel    string
+	LogFormat   string
 	// Ingest holds --kv-event-transport, --worker, --workers-file, --zmq-bind,
 	// --nats-url, --nats-subject-prefix, --block-size and the ingest tuning flags.
 	Ingest ingest.ManagerConfig
@@ -75,10 +89,10 @@ func DefaultConfig() Config {
 		MaxBodyBytes:    4 << 20,
 		MaxPromptTokens: DefaultMaxPromptTokens,
 		WatchBuffer:     DefaultWatchBuffer,
-		QueueCapacity:   ingest.DefaultQueueCapacity,
 		LogLevel:        "info",
 		LogFormat:       "text",
 		Ingest:          ingest.DefaultManagerConfig(),
+		Raft:            raftstore.DefaultConfig(),
 	}
 }
 
@@ -95,8 +109,8 @@ func (c *Config) Validate() error {
 		return invalid("--data-dir must not be empty")
 	case c.MaxBodyBytes < 1024:
 		return invalid("--max-body-bytes=%d must be at least 1024", c.MaxBodyBytes)
-	case c.QueueCapacity < 1:
-		return invalid("--ingest-queue=%d must be at least 1", c.QueueCapacity)
+	case c.Join != "" && c.Bootstrap:
+		return invalid("--bootstrap starts a new cluster and --join=%s joins one: give one of them", c.Join)
 	case c.MaxPromptTokens < 1:
 		return invalid("--max-prompt-tokens=%d must be at least 1", c.MaxPromptTokens)
 	case c.WatchBuffer < 1:
@@ -108,10 +122,23 @@ func (c *Config) Validate() error {
 	case c.FallbackTokenizer != "" && c.FallbackTokenizer != BuiltinTokenizer:
 		return invalid("--fallback-tokenizer=%q must be empty or %q", c.FallbackTokenizer, BuiltinTokenizer)
 	}
-	for _, a := range []struct{ flag, v string }{{"--grpc-addr", c.GRPCAddr}, {"--http-addr", c.HTTPAddr}} {
+	for _, a := range []struct {
+		flag, v  string
+		optional bool
+	}{
+		{"--grpc-addr", c.GRPCAddr, false}, {"--http-addr", c.HTTPAddr, false}, {"--raft-addr", c.Raft.RaftAddr, false},
+		{"--grpc-advertise", c.GRPCAdvertise, true}, {"--raft-advertise", c.Raft.RaftAdvertise, true}, {"--join", c.Join, true},
+	} {
+		if a.v == "" && a.optional {
+			continue
+		}
 		if _, _, err := net.SplitHostPort(a.v); err != nil {
 			return invalid("%s=%q is not host:port: %v", a.flag, a.v, err)
 		}
+	}
+	rc := c.raftConfig()
+	if err := rc.Validate(); err != nil {
+		return invalid("%s", raftFlagNames.Replace(strings.TrimPrefix(err.Error(), raftstore.ErrInvalidConfig.Error()+": ")))
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return err
@@ -176,8 +203,12 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	in := &cfg.Ingest
 	fs.String("config", "", "YAML `file` of flag values (keys are flag names; worker is a list); flags and KVINDEX_* variables override it")
 	fs.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's id (defaults to the host name)")
-	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data `directory` (Raft log and snapshots once replication lands; a single node keeps the index in memory)")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data `directory`: the raft log (raft.db) and snapshots; a restart resumes from it")
 	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "gRPC listen `host:port`: kvindex.v1 IndexService and AdminService, llm-d's indexer.v1.IndexerService, health, reflection (port 0 picks a free one)")
+	fs.StringVar(&cfg.GRPCAdvertise, "grpc-advertise", cfg.GRPCAdvertise, "`host:port` other members reach this node's gRPC at (default: --grpc-addr as bound)")
+	fs.StringVar(&cfg.Join, "join", cfg.Join, "gRPC `host:port` of any member of a cluster to join (the leader adds this node as a voter); empty: a node without raft state in --data-dir starts a single-node cluster")
+	fs.BoolVar(&cfg.Bootstrap, "bootstrap", cfg.Bootstrap, "start a new cluster with this node (what a node without --join and without raft state does anyway)")
+	registerRaftFlags(fs, &cfg.Raft)
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "HTTP listen `host:port`: the REST API (docs/api.md), /metrics, /healthz, /readyz (port 0 picks a free one)")
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest HTTP request body and gRPC message accepted, in `bytes` (larger: 413 / RESOURCE_EXHAUSTED)")
 	fs.IntVar(&cfg.MaxPromptTokens, "max-prompt-tokens", cfg.MaxPromptTokens, "most tokens a prompt (or block hashes a query) may have")
@@ -189,7 +220,6 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 		"tokenizer of a model for text and chat prompts, repeatable, as `model=dir` (a Hugging Face tokenizer.json directory; dir \"builtin\": the fake engine's byte-level tokenizer)")
 	fs.StringVar(&cfg.FallbackTokenizer, "fallback-tokenizer", cfg.FallbackTokenizer, "tokenizer for models without --tokenizer: \"builtin\" or empty (text for such models is refused)")
 	fs.IntVar(&cfg.WatchBuffer, "watch-buffer", cfg.WatchBuffer, "batches of changes a Watch stream may fall behind before it is ended")
-	fs.IntVar(&cfg.QueueCapacity, "ingest-queue", cfg.QueueCapacity, "event batches buffered between ingest and the index; Submit waits when full")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 
@@ -325,3 +355,45 @@ const BuiltinTokenizer = "builtin"
 
 // shutdownTimeout bounds the graceful stop of the HTTP and gRPC servers.
 const shutdownTimeout = 5 * time.Second
+
+// registerRaftFlags binds the --raft-* flags to rc.
+func registerRaftFlags(fs *flag.FlagSet, rc *raftstore.Config) {
+	fs.StringVar(&rc.RaftAddr, "raft-addr", rc.RaftAddr, "raft transport listen `host:port` (port 0 picks a free one)")
+	fs.StringVar(&rc.RaftAdvertise, "raft-advertise", rc.RaftAdvertise, "`host:port` other members reach this node's raft transport at (default: --raft-addr as bound)")
+	fs.IntVar(&rc.MaxBatchEvents, "raft-batch-max-events", rc.MaxBatchEvents, "the leader proposes a log entry once it holds this many block events")
+	fs.IntVar(&rc.MaxBatchBytes, "raft-batch-max-bytes", rc.MaxBatchBytes, "... or this many `bytes`")
+	fs.DurationVar(&rc.MaxBatchWait, "raft-batch-max-wait", rc.MaxBatchWait, "... or this long after its first batch (0: as soon as a proposal slot is free)")
+	fs.IntVar(&rc.MaxInFlight, "raft-max-inflight", rc.MaxInFlight, "log entries proposed and not yet committed at once; ingest waits when all are pending")
+	fs.Uint64Var(&rc.SnapshotThreshold, "raft-snapshot-threshold", rc.SnapshotThreshold, "take a snapshot once this many log entries were committed since the last one")
+	fs.DurationVar(&rc.SnapshotInterval, "raft-snapshot-interval", rc.SnapshotInterval, "how often to check --raft-snapshot-threshold")
+	fs.Uint64Var(&rc.TrailingLogs, "raft-trailing-logs", rc.TrailingLogs, "log entries kept behind a snapshot for followers that lag (one further behind is sent the snapshot)")
+	fs.IntVar(&rc.SnapshotRetain, "raft-snapshot-retain", rc.SnapshotRetain, "snapshots kept in --data-dir")
+	fs.DurationVar(&rc.HeartbeatTimeout, "raft-heartbeat-timeout", rc.HeartbeatTimeout, "a follower without contact from the leader this long starts an election")
+	fs.DurationVar(&rc.ElectionTimeout, "raft-election-timeout", rc.ElectionTimeout, "a candidate without a result this long starts a new election")
+	fs.DurationVar(&rc.LeaderLeaseTimeout, "raft-leader-lease-timeout", rc.LeaderLeaseTimeout, "a leader without contact with a quorum this long steps down (at most --raft-heartbeat-timeout)")
+	fs.DurationVar(&rc.CommitTimeout, "raft-commit-timeout", rc.CommitTimeout, "longest pause between two AppendEntries of an idle leader")
+	fs.IntVar(&rc.MaxAppendEntries, "raft-max-append-entries", rc.MaxAppendEntries, "most log entries in one AppendEntries RPC (1..1024)")
+	fs.IntVar(&rc.LogCacheSize, "raft-log-cache", rc.LogCacheSize, "recent log entries kept in memory in front of raft.db (0: none)")
+}
+
+// raftFlagNames names the flags of raftstore.Config fields in its errors.
+var raftFlagNames = strings.NewReplacer(
+	"MaxBatchEvents", "--raft-batch-max-events", "MaxBatchBytes", "--raft-batch-max-bytes",
+	"MaxBatchWait", "--raft-batch-max-wait", "MaxInFlight", "--raft-max-inflight",
+	"SnapshotThreshold", "--raft-snapshot-threshold", "SnapshotInterval", "--raft-snapshot-interval",
+	"TrailingLogs", "--raft-trailing-logs", "SnapshotRetain", "--raft-snapshot-retain",
+	"HeartbeatTimeout", "--raft-heartbeat-timeout", "ElectionTimeout", "--raft-election-timeout",
+	"LeaderLeaseTimeout", "--raft-leader-lease-timeout", "CommitTimeout", "--raft-commit-timeout",
+	"MaxAppendEntries", "--raft-max-append-entries", "LogCacheSize", "--raft-log-cache",
+	"RaftAddr", "--raft-addr", "NodeID", "--node-id", "DataDir", "--data-dir",
+)
+
+// raftConfig is c.Raft with what the flags outside --raft-* say; New adds the
+// rest (addresses known once bound, logger, metrics, callbacks).
+func (c *Config) raftConfig() raftstore.Config {
+	rc := c.Raft
+	rc.NodeID = c.NodeID
+	rc.DataDir = c.DataDir
+	rc.Bootstrap = c.Join == ""
+	return rc
+}

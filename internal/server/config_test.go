@@ -25,7 +25,8 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.GRPCAddr != "127.0.0.1:7070" || cfg.HTTPAddr != "127.0.0.1:7080" || cfg.Ingest.Transport != ingest.TransportZMQ ||
+	if cfg.GRPCAddr != "127.0.0.1:7070" || cfg.HTTPAddr != "127.0.0.1:7080" || cfg.Raft.RaftAddr != "127.0.0.1:7090" ||
+		cfg.Join != "" || cfg.Ingest.Transport != ingest.TransportZMQ ||
 		cfg.Ingest.NATSSubjectPrefix != "kv.events" || cfg.Ingest.DefaultBlockSize != 16 {
 		t.Errorf("defaults = %+v", cfg)
 	}
@@ -35,7 +36,9 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 	}
 	for _, name := range []string{"node-id", "data-dir", "grpc-addr", "http-addr", "zmq-bind", "worker", "workers-file",
 		"kv-event-transport", "nats-url", "nats-subject-prefix", "block-size", "max-body-bytes", "config",
-		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer"} {
+		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
+		"raft-addr", "raft-advertise", "grpc-advertise", "bootstrap", "join", "raft-batch-max-events", "raft-batch-max-wait",
+		"raft-snapshot-threshold", "raft-trailing-logs"} {
 		if !strings.Contains(help.String(), "--"+name+" ") {
 			t.Errorf("--help does not document --%s", name)
 		}
@@ -108,7 +111,11 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{[]string{"--worker", "id=w1"}, nil, "model must not be empty"},
 		{[]string{"--log-level", "loud"}, nil, "--log-level=\"loud\""},
 		{[]string{"--max-body-bytes", "10"}, nil, "--max-body-bytes=10"},
-		{[]string{"--ingest-queue", "0"}, nil, "--ingest-queue=0"},
+		{[]string{"--raft-batch-max-events", "0"}, nil, "--raft-batch-max-events = 0"},
+		{[]string{"--raft-addr", "nocolon"}, nil, "--raft-addr=\"nocolon\""},
+		{[]string{"--join", "127.0.0.1"}, nil, "--join=\"127.0.0.1\""},
+		{[]string{"--join", "127.0.0.1:7070", "--bootstrap"}, nil, "give one of them"},
+		{[]string{"--raft-leader-lease-timeout", "5s"}, nil, "--raft-leader-lease-timeout"},
 		{[]string{"--max-prompt-tokens", "0"}, nil, "--max-prompt-tokens=0"},
 		{[]string{"--tls-key", "k.pem"}, nil, "--tls-cert and --tls-key go together"},
 		{[]string{"--tokenizer", "no-equals-sign"}, nil, "want <model>=<dir>"},

@@ -1,8 +1,10 @@
 // Package server is the indexer process: its configuration (Config, flags,
 // KVINDEX_* variables, the --config YAML file), the query and admin API, and
-// the wiring of the single-node pipeline (ingest.Manager -> ingest.LocalSink ->
-// feedApplier -> ingest.Applier -> radix.Index). Main is what cmd/indexer runs,
-// including the `relay` subcommand.
+// the wiring of a cluster member: a raftstore.Node whose replicated state is
+// the index, the stream cursors and the worker registry, and an ingest.Manager
+// that follows the engines while the node leads (Manager -> Node as Sink ->
+// raft log -> every replica's Applier -> radix.Index). One node is a cluster
+// of one. Main is what cmd/indexer runs, including the `relay` subcommand.
 //
 // # API
 //
@@ -15,10 +17,20 @@
 // Every API shapes one scoring core (score.go). Errors are wrapped sentinels
 // mapped to gRPC codes and HTTP statuses by the one table in errors.go.
 //
-// Backend is everything the handlers need from "the node": the single-node
-// server implements it with localBackend; a replicated node implements it over
-// raft. The ChangeFeed (watch.go) turns applied batches into the Watch stream;
-// the node's apply path calls its Prepare and Commit around every batch.
+// Backend is everything the handlers need from "the node"; raftBackend
+// (raft.go) implements it. Reads are served from the local replica at its
+// applied index; linearizable reads need the leader. Writes (register,
+// unregister, join, leave) go through the log on the leader: a follower
+// forwards them to the leader's gRPC API (peers.go), and the answer comes once
+// the follower has applied them too. The replicated registry is mirrored into
+// every node's ingest Manager; the leader registers the workers it knows from
+// its configuration or finds on the bind socket or NATS, so every replica scores
+// them. The ChangeFeed (watch.go) turns applied batches into the Watch stream:
+// raft's apply hooks call its Prepare and Commit around every batch.
+//
+// Ingest runs on the leader only, in connect mode and in bind mode alike: in a
+// cluster, engines in bind mode must reach the leader's --zmq-bind (followers
+// do not bind); see the README.
 //
 // It owns no index logic: ingest follows the engines, radix holds the index,
 // tokenize turns text into tokens.
@@ -26,8 +38,9 @@
 // # Concurrency
 //
 // A Server is built by New and run once by Run, which owns its goroutines
-// (apply loop, ingest, HTTP, gRPC, health) and returns after all of them
-// stopped. API, Backend implementations and ChangeFeed subscriptions are safe
-// for concurrent use; ChangeFeed.Prepare/Commit/WorkerRemoved run on the apply
-// goroutine only and never block (a watcher that falls behind is ended).
+// (ingest while leading, registry mirror, join, HTTP, gRPC, health) and returns
+// after all of them stopped. API, Backend implementations and ChangeFeed
+// subscriptions are safe for concurrent use; ChangeFeed.Prepare/Commit/
+// WorkerRemoved and the other apply hooks run on raft's apply goroutine only and
+// never block (a watcher that falls behind is ended).
 package server

@@ -43,8 +43,8 @@ var (
 	ErrNotLeader = errors.New("not the leader")
 	// ErrUnavailable: the node cannot serve now (starting, stopping, no leader).
 	ErrUnavailable = errors.New("unavailable")
-	// ErrNotSupported: the operation does not exist in this mode (raft
-	// membership on a single node) or this version (sequence-hash lookups).
+	// ErrNotSupported: the operation does not exist in this version
+	// (sequence-hash lookups, removing one dp rank).
 	ErrNotSupported = errors.New("not supported")
 )
 

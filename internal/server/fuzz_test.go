@@ -12,15 +12,10 @@ import (
 // FuzzRESTBodies sends arbitrary bodies to every POST endpoint: the answer is
 // never a 5xx and always JSON, whatever the body.
 func FuzzRESTBodies(f *testing.F) {
-	cfg := testConfig()
+	cfg := testConfig(f)
 	cfg.MaxBodyBytes = 64 << 10
 	cfg.MaxPromptTokens = 4096
-	srv, err := New(cfg, nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(srv.closeListeners)
-	h := srv.API().Handler()
+	h := runServer(f, cfg).API().Handler()
 	paths := []string{"/kv-cache/hit-rate", "/query", "/query_by_hash", "/v1/score", "/v1/query_by_hash", "/register", "/unregister"}
 	for _, seed := range []string{
 		`{"model": "fake/test-model", "token_ids": [1, 2, 3, 4, 5]}`,

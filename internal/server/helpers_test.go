@@ -64,6 +64,10 @@ type fixtureOptions struct {
 	configure func(*Config)
 	// clientTLS, when set, is how clients dial (the server's TLS is set by configure).
 	clientTLS *tls.Config
+	// register registers the engines through the API once the server is ready,
+	// rather than giving them by --worker (a worker of the configuration cannot
+	// be unregistered).
+	register bool
 }
 
 func startEngineFor(t *testing.T, es engineSpec) *fakeengine.Engine {
@@ -136,16 +140,50 @@ func workerFlagFor(t *testing.T, name string, e *fakeengine.Engine) ingest.Worke
 	return spec
 }
 
-func testConfig() Config {
+// testConfig is a single node on free loopback ports with a data dir of tb's,
+// raft timeouts short enough for tests, and the builtin tokenizer for testModel.
+func testConfig(tb testing.TB) Config {
 	cfg := DefaultConfig()
 	cfg.NodeID = "node-a"
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.GRPCAddr = "127.0.0.1:0"
+	cfg.DataDir = tb.TempDir()
+	cfg.Raft.RaftAddr = "127.0.0.1:0"
+	cfg.Raft.HeartbeatTimeout = 200 * time.Millisecond
+	cfg.Raft.ElectionTimeout = 200 * time.Millisecond
+	cfg.Raft.LeaderLeaseTimeout = 100 * time.Millisecond
+	cfg.Raft.CommitTimeout = 10 * time.Millisecond
+	cfg.Raft.TransportTimeout = 2 * time.Second
 	cfg.Ingest.PollInterval = 10 * time.Millisecond
 	cfg.Ingest.IdleReplayInterval = 50 * time.Millisecond
 	cfg.Ingest.DefaultBlockSize = 4
 	cfg.Tokenizers = tokenize.Specs{{Model: testModel, Dir: BuiltinTokenizer}}
 	return cfg
+}
+
+// runServer starts a server with cfg and stops it when tb ends (an error if Run
+// fails or does not return).
+func runServer(tb testing.TB, cfg Config) *Server {
+	tb.Helper()
+	srv, err := New(cfg, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	tb.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				tb.Errorf("Run: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			tb.Error("the server did not stop")
+		}
+	})
+	return srv
 }
 
 func newFixture(t *testing.T, opts fixtureOptions) *fixture {
@@ -154,34 +192,20 @@ func newFixture(t *testing.T, opts fixtureOptions) *fixture {
 		opts.engines = defaultEngines
 	}
 	f := &fixture{t: t, engines: map[string]*fakeengine.Engine{}}
-	cfg := testConfig()
+	cfg := testConfig(t)
 	for _, es := range opts.engines {
 		e := startEngineFor(t, es)
 		f.engines[es.name] = e
-		cfg.Ingest.Workers = append(cfg.Ingest.Workers, workerFlagFor(t, es.name, e))
+		if !opts.register {
+			cfg.Ingest.Workers = append(cfg.Ingest.Workers, workerFlagFor(t, es.name, e))
+		}
 	}
 	if opts.configure != nil {
 		opts.configure(&cfg)
 	}
-	srv, err := New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := runServer(t, cfg)
 	f.srv = srv
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("the server did not stop")
-		}
-	})
+	var err error
 	scheme := "http"
 	creds := insecure.NewCredentials()
 	f.http = &http.Client{Timeout: 30 * time.Second}
@@ -200,6 +224,14 @@ func newFixture(t *testing.T, opts fixtureOptions) *fixture {
 	f.admin = kvindexv1.NewAdminServiceClient(f.conn)
 	f.llmd = indexerv1.NewIndexerServiceClient(f.conn)
 	f.waitReady()
+	if opts.register {
+		for name, e := range f.engines {
+			req := &kvindexv1.RegisterWorkerRequest{Worker: specProto(workerFlagFor(t, name, e))}
+			if _, err := f.admin.RegisterWorker(context.Background(), req); err != nil {
+				t.Fatalf("registering %s: %v", name, err)
+			}
+		}
+	}
 	return f
 }
 

@@ -147,18 +147,18 @@ func TestBadGRPCInputIsRefusedClearly(t *testing.T) {
 			_, err := f.admin.RegisterWorker(ctx, &kvindexv1.RegisterWorkerRequest{Worker: &kvindexv1.WorkerSpec{Id: "e0", Model: "other", BlockSize: 16}})
 			return err
 		}, codes.AlreadyExists, "e0"},
-		{"join in single-node mode", func() error {
-			_, err := f.admin.Join(ctx, &kvindexv1.JoinRequest{NodeId: "b", RaftAddr: "127.0.0.1:1"})
+		{"join without a raft address", func() error {
+			_, err := f.admin.Join(ctx, &kvindexv1.JoinRequest{NodeId: "b"})
 			return err
-		}, codes.Unimplemented, "single-node mode"},
-		{"leave in single-node mode", func() error {
-			_, err := f.admin.Leave(ctx, &kvindexv1.LeaveRequest{NodeId: "b"})
+		}, codes.InvalidArgument, "raft_addr"},
+		{"join with an oversized node id", func() error {
+			_, err := f.admin.Join(ctx, &kvindexv1.JoinRequest{NodeId: strings.Repeat("n", 5000), RaftAddr: "127.0.0.1:1"})
 			return err
-		}, codes.Unimplemented, "single-node mode"},
-		{"snapshot in single-node mode", func() error {
-			_, err := f.admin.Snapshot(ctx, &kvindexv1.SnapshotRequest{})
+		}, codes.InvalidArgument, "node id of 1.."},
+		{"leave without a node id", func() error {
+			_, err := f.admin.Leave(ctx, &kvindexv1.LeaveRequest{})
 			return err
-		}, codes.Unimplemented, "single-node mode"},
+		}, codes.InvalidArgument, "node_id"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -7,10 +7,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/kvindex/kvindex/internal/envflag"
 	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/raftstore"
 )
+
+// raftMetricsExpiry is how long a raft metric not updated stays exported.
+const raftMetricsExpiry = 5 * time.Minute
 
 // Main is bin/indexer: `indexer [flags]` runs the index server until ctx ends;
 // `indexer relay [flags]` forwards one engine's ZMQ event streams to NATS. --help
@@ -29,6 +34,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	s, err := New(cfg, NewLogger(cfg.LogLevel, cfg.LogFormat, stderr))
 	if err != nil {
 		return err
+	}
+	// raft's own metrics go through a process-wide sink: one node per process here.
+	if err := raftstore.ExportRaftMetrics(s.reg, raftMetricsExpiry); err != nil {
+		s.log.Warn("raft's own metrics are not exported", "err", err)
 	}
 	return s.Run(ctx)
 }

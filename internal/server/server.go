@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -19,36 +20,40 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/raftstore"
 )
 
-// Server is a single-node indexer: a radix index behind an Applier, fed by an
-// ingest Manager through a LocalSink, with the API (gRPC on --grpc-addr, REST
-// on --http-addr) served over a localBackend.
+// Server is one indexer: a member of a raft cluster (of one, by default) whose
+// replicated state is the index, the stream cursors and the worker registry.
+// It serves the API (gRPC on --grpc-addr, REST on --http-addr) over a
+// raftBackend; while it leads, its ingest Manager follows the engines and
+// proposes their events to the log.
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	reg     *prometheus.Registry
-	index   *radix.Index
-	applier *ingest.Applier
-	sink    *ingest.LocalSink
+	node    *raftstore.Node
 	ingest  *ingest.Manager
-	backend *localBackend
+	peers   *peers
+	backend *raftBackend
 	api     *API
 
 	httpLn, grpcLn net.Listener
+	grpcAdvertise  string
 	http           *http.Server
 	grpc           *grpc.Server
 	health         *health.Server
 	tls            *tls.Config
 
-	sinkRunning atomic.Bool
-	ran         atomic.Bool
+	ran atomic.Bool
 }
 
-// New validates cfg, builds the pipeline, loads the tokenizers and binds both
-// listeners (so that HTTPAddr and GRPCAddr are known before Run). Run must be
+// New validates cfg, builds the pipeline, loads the tokenizers, binds both
+// listeners and starts the raft node from cfg.DataDir (bootstrapping a new
+// cluster when the directory is empty and cfg.Join is not set). Run must be
 // called to serve and to release them.
 func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	if err := cfg.Validate(); err != nil {
@@ -58,7 +63,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	logger = logger.With("node", cfg.NodeID)
-	s := &Server{cfg: cfg, log: logger, reg: prometheus.NewRegistry(), index: radix.New(radix.Config{})}
+	s := &Server{cfg: cfg, log: logger, reg: prometheus.NewRegistry()}
 	if s.tls, err = cfg.tlsConfig(); err != nil {
 		return nil, err
 	}
@@ -67,37 +72,61 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 		return nil, err
 	}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	s.applier = ingest.NewApplier(s.index)
-	fa := &feedApplier{inner: s.applier, feed: NewChangeFeed(cfg.WatchBuffer)}
-	if s.sink, err = ingest.NewLocalSink(fa, cfg.QueueCapacity, logger, s.reg); err != nil {
-		return nil, err
-	}
 	if s.ingest, err = ingest.NewManager(cfg.Ingest, logger, s.reg); err != nil {
 		return nil, err
 	}
 	defer func() {
 		if err != nil {
+			if s.node != nil {
+				s.node.Shutdown(context.Background())
+			}
 			s.closeListeners()
 			s.ingest.Close()
 		}
 	}()
-	s.backend = &localBackend{nodeID: cfg.NodeID, index: s.index, applier: s.applier, fa: fa, sink: s.sink,
-		ingest: s.ingest, running: &s.sinkRunning}
-	s.api, err = NewAPI(s.backend, APIConfig{
-		NodeID: cfg.NodeID, DefaultBlockSize: cfg.Ingest.DefaultBlockSize, MaxPromptTokens: cfg.MaxPromptTokens,
-		MaxBodyBytes: cfg.MaxBodyBytes, AdminToken: cfg.AdminToken, Tokenizers: tokenizers, Fallback: fallback,
-		Registerer: s.reg, Gatherer: s.reg,
-	}, logger)
-	if err != nil {
-		return nil, err
-	}
 	if s.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("--http-addr %s: %w", cfg.HTTPAddr, err)
 	}
 	if s.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("--grpc-addr %s: %w", cfg.GRPCAddr, err)
 	}
-	s.backend.grpcAddr = s.GRPCAddr()
+	s.grpcAdvertise = cmp.Or(cfg.GRPCAdvertise, s.grpcLn.Addr().String())
+	s.peers = newPeers(cfg.NodeID, cfg.AdminToken, cfg.peerTLS(s.tls))
+	s.backend = &raftBackend{
+		ingest: s.ingest, feed: NewChangeFeed(cfg.WatchBuffer), peers: s.peers, log: logger, nodeID: cfg.NodeID,
+		regChanged: make(chan struct{}, 1),
+	}
+	rc := cfg.raftConfig()
+	rc.GRPCAddr = s.grpcAdvertise
+	rc.Logger = logger
+	rc.Registerer = s.reg
+	rc.OnWorkersChanged = s.backend.workersChanged
+	rc.BeforeBatch = s.backend.beforeBatch
+	rc.OnBatch = s.backend.afterBatch
+	rc.OnWorkerRemoved = s.backend.workerRemoved
+	if s.tls != nil {
+		if rc.StreamLayer, err = raftstore.NewTLSStreamLayer(rc.RaftAddr, rc.RaftAdvertise, s.tls, cfg.peerTLS(s.tls)); err != nil {
+			return nil, fmt.Errorf("--raft-addr %s: %w", rc.RaftAddr, err)
+		}
+	}
+	if s.node, err = raftstore.NewNode(rc); err != nil {
+		if rc.StreamLayer != nil {
+			rc.StreamLayer.Close()
+		}
+		return nil, err
+	}
+	s.backend.node = s.node
+	s.backend.index.Store(s.node.Index())
+	s.api, err = NewAPI(s.backend, APIConfig{
+		DefaultBlockSize: cfg.Ingest.DefaultBlockSize, MaxPromptTokens: cfg.MaxPromptTokens,
+		MaxBodyBytes: cfg.MaxBodyBytes, AdminToken: cfg.AdminToken, Tokenizers: tokenizers, Fallback: fallback,
+		Registerer: s.reg, Gatherer: s.reg,
+	}, logger)
+	if err != nil {
+		return nil, err
+	}
+	invalidate := s.api.view.invalidate
+	s.backend.onRegistry.Store(&invalidate)
 	s.http = &http.Server{
 		Handler:           s.api.Handler(),
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -128,27 +157,30 @@ func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
 // GRPCAddr is the bound gRPC address.
 func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
 
-// Index is the server's index.
-func (s *Server) Index() *radix.Index { return s.index }
+// RaftAddr is the raft address this node advertises.
+func (s *Server) RaftAddr() string { return s.node.RaftAddr() }
 
-// Applier is the index's applier (cursors per stream).
-func (s *Server) Applier() *ingest.Applier { return s.applier }
+// Index is this replica's index.
+func (s *Server) Index() *radix.Index { return s.node.Index() }
 
-// Ingest is the server's ingest Manager (worker registry).
+// Applier is the index's applier (cursors per stream), as replicated.
+func (s *Server) Applier() *ingest.Applier { return s.node.Applier() }
+
+// Ingest is the server's ingest Manager (it follows the engines while this node leads).
 func (s *Server) Ingest() *ingest.Manager { return s.ingest }
 
 // API is the server's query API.
 func (s *Server) API() *API { return s.api }
 
-// Backend is the single-node Backend the API is served over.
+// Backend is the Backend the API is served over.
 func (s *Server) Backend() Backend { return s.backend }
 
 // healthInterval is how often the gRPC health status follows readiness.
 const healthInterval = 200 * time.Millisecond
 
-// Run serves until ctx ends or a component fails, then stops the HTTP and gRPC
-// servers gracefully, the ingest Manager and the apply loop, and returns the
-// first error.
+// Run serves until ctx ends or a component fails, then stops: ingest first,
+// then raft (a leader hands leadership over before it stops), then the HTTP and
+// gRPC servers, gracefully; it returns the first error.
 func (s *Server) Run(ctx context.Context) error {
 	if !s.ran.CompareAndSwap(false, true) {
 		return errors.New("indexer: Server.Run called twice")
@@ -169,19 +201,28 @@ func (s *Server) Run(ctx context.Context) error {
 		errMu.Unlock()
 		cancel(err)
 	}
-	wg.Add(5)
-	go func() {
-		defer wg.Done()
-		s.sinkRunning.Store(true)
-		defer s.sinkRunning.Store(false)
-		fail("apply loop", s.sink.Run(ctx))
-	}()
-	go func() {
-		defer wg.Done()
-		fail("ingest", s.ingest.Run(ctx, s.sink, s.applier))
-	}()
-	go func() {
-		defer wg.Done()
+	run := func(f func()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f()
+		}()
+	}
+	run(func() { s.backend.runIngest(ctx, fail) })
+	run(func() { s.backend.followRegistry(ctx) })
+	run(func() {
+		select {
+		case <-s.node.Done():
+			if ctx.Err() == nil {
+				fail("raft", cmp.Or(s.node.Err(), raftstore.ErrShutdown))
+			}
+		case <-ctx.Done():
+		}
+	})
+	if s.cfg.Join != "" {
+		run(func() { s.joinCluster(ctx) })
+	}
+	run(func() {
 		var err error
 		if s.tls != nil {
 			err = s.http.ServeTLS(s.httpLn, "", "")
@@ -191,22 +232,21 @@ func (s *Server) Run(ctx context.Context) error {
 		if !errors.Is(err, http.ErrServerClosed) {
 			fail("http", err)
 		}
-	}()
-	go func() {
-		defer wg.Done()
-		fail("grpc", s.grpc.Serve(s.grpcLn))
-	}()
-	go func() {
-		defer wg.Done()
-		s.followReadiness(ctx)
-	}()
-	s.log.Info("indexer started", "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "tls", s.tls != nil,
-		"mtls", s.cfg.TLSClientCA != "", "admin_token", s.cfg.AdminToken != "", "transport", s.cfg.Ingest.Transport,
-		"workers", len(s.cfg.Ingest.Workers), "zmq_bind", s.cfg.Ingest.ZMQBind, "tokenizers", len(s.cfg.Tokenizers))
+	})
+	run(func() { fail("grpc", s.grpc.Serve(s.grpcLn)) })
+	run(func() { s.followReadiness(ctx) })
+	s.log.Info("indexer started", "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "raft", s.RaftAddr(), "data_dir", s.cfg.DataDir,
+		"join", s.cfg.Join, "tls", s.tls != nil, "mtls", s.cfg.TLSClientCA != "", "admin_token", s.cfg.AdminToken != "",
+		"transport", s.cfg.Ingest.Transport, "workers", len(s.cfg.Ingest.Workers), "zmq_bind", s.cfg.Ingest.ZMQBind,
+		"tokenizers", len(s.cfg.Tokenizers))
 	<-ctx.Done()
 	s.health.Shutdown()
 	s.backend.Changes().CloseAll(fmt.Errorf("%w: the indexer is shutting down", ErrUnavailable))
 	shutdownCtx, stop := context.WithTimeout(context.Background(), shutdownTimeout)
+	// Ingest has stopped with ctx; raft stops while the API still answers reads.
+	if err := s.node.Shutdown(shutdownCtx); err != nil {
+		fail("raft shutdown", err)
+	}
 	if err := s.http.Shutdown(shutdownCtx); err != nil {
 		s.http.Close()
 	}
@@ -225,8 +265,46 @@ func (s *Server) Run(ctx context.Context) error {
 	if err := s.ingest.Close(); err != nil {
 		fail("ingest close", err)
 	}
+	s.peers.close()
 	s.log.Info("indexer stopped")
 	return firstErr
+}
+
+// joinRetry bounds the pause between two attempts to join the cluster.
+const joinRetry = 2 * time.Second
+
+// joinCluster asks the member at --join to add this node (the member forwards
+// the request to the leader), until it succeeds or ctx ends. A node that is a
+// member already (a restart) is added again as a no-op, which also updates the
+// gRPC address the cluster knows for it.
+func (s *Server) joinCluster(ctx context.Context) {
+	req := &kvindexv1.JoinRequest{NodeId: s.cfg.NodeID, RaftAddr: s.node.RaftAddr(), GrpcAddr: s.grpcAdvertise,
+		Suffrage: kvindexv1.Suffrage_SUFFRAGE_VOTER}
+	pause := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		actx, c, err := s.peers.admin(ctx, s.cfg.Join, false)
+		if err == nil {
+			var resp *kvindexv1.JoinResponse
+			if resp, err = c.Join(actx, req); err == nil {
+				s.log.Info("joined the cluster", "via", s.cfg.Join, "applied_index", resp.AppliedIndex, "attempts", attempt)
+				return
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		level := slog.LevelDebug
+		if attempt%10 == 1 {
+			level = slog.LevelWarn
+		}
+		s.log.Log(ctx, level, "joining the cluster failed; trying again", "via", s.cfg.Join, "attempt", attempt, "err", err)
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+			return
+		}
+		pause = min(2*pause, joinRetry)
+	}
 }
 
 // followReadiness keeps the gRPC health status equal to the backend's readiness.

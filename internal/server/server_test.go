@@ -70,9 +70,7 @@ type workersJSON struct {
 
 func TestServerFollowsAnEngineAndReportsIt(t *testing.T) {
 	e := startEngine(t)
-	cfg := DefaultConfig()
-	cfg.HTTPAddr = "127.0.0.1:0"
-	cfg.GRPCAddr = "127.0.0.1:0"
+	cfg := testConfig(t)
 	cfg.Ingest.PollInterval = 10 * time.Millisecond
 	cfg.Ingest.IdleReplayInterval = 20 * time.Millisecond
 	cfg.Ingest.DefaultBlockSize = 4
@@ -152,8 +150,8 @@ func TestServerFollowsAnEngineAndReportsIt(t *testing.T) {
 	for _, want := range []string{
 		`kvindex_ingest_block_events_total{type="BlockStored",worker="e1"}`,
 		`kvindex_ingest_last_seq{dp_rank="0",worker="e1"} ` + strconv.FormatInt(last, 10),
-		`kvindex_ingest_queue_capacity `,
-		`kvindex_ingest_apply_seconds_bucket`,
+		`kvindex_raft_commit_seconds_bucket`,
+		`kvindex_raft_leader_sessions_total 1`,
 		`go_goroutines `,
 	} {
 		if !strings.Contains(metrics, want) {

@@ -56,3 +56,15 @@ func (c *Config) tokenizers() (*tokenize.Registry, tokenize.Tokenizer, error) {
 	}
 	return reg, fallback, nil
 }
+
+// peerTLS is how this node dials the other members (forwarded writes, joins,
+// cluster progress, the raft transport) when TLS is on, nil otherwise. It
+// trusts --tls-client-ca, the cluster's CA (the system roots when unset), and
+// presents the node's own certificate, which must therefore also be valid for
+// client authentication when --tls-client-ca asks clients for certificates.
+func (c *Config) peerTLS(server *tls.Config) *tls.Config {
+	if server == nil {
+		return nil
+	}
+	return &tls.Config{Certificates: server.Certificates, RootCAs: server.ClientCAs, MinVersion: tls.VersionTLS12}
+}

@@ -147,7 +147,7 @@ func TestTLSConfigErrors(t *testing.T) {
 		{func(c *Config) { c.Tokenizers[0].Dir = filepath.Join(pki.dir, "missing") }, "--tokenizer=" + testModel},
 		{func(c *Config) { c.FallbackTokenizer = "gpt2" }, "--fallback-tokenizer"},
 	} {
-		cfg := testConfig()
+		cfg := testConfig(t)
 		c.configure(&cfg)
 		if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("New = %v, want an error mentioning %q", err, c.want)

@@ -337,28 +337,3 @@ func (n *namespaceNames) lookup(id uint64) (kvblock.Namespace, bool) {
 	}
 	return v.(kvblock.Namespace), true
 }
-
-// feedApplier is the single node's BatchApplier: it applies through the Applier,
-// numbers every apply-loop step (the applied index) and feeds the ChangeFeed.
-type feedApplier struct {
-	inner   *ingest.Applier
-	feed    *ChangeFeed
-	applied atomic.Uint64
-}
-
-var _ ingest.BatchApplier = (*feedApplier)(nil)
-
-func (a *feedApplier) Apply(b ingest.StreamBatch) ingest.ApplyResult {
-	p := a.feed.Prepare(a.inner.Index(), &b)
-	res := a.inner.Apply(b)
-	a.feed.Commit(p, a.inner.Index(), a.applied.Add(1), res.Applied)
-	return res
-}
-
-func (a *feedApplier) RemoveWorker(worker string) {
-	a.inner.RemoveWorker(worker)
-	a.feed.WorkerRemoved(worker, a.applied.Add(1))
-}
-
-// Applied is the number of apply-loop steps completed.
-func (a *feedApplier) Applied() uint64 { return a.applied.Load() }
