@@ -1,0 +1,588 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/radix"
+)
+
+// clusterToken is the admin token of test clusters: forwarded writes must carry it.
+const clusterToken = "cluster-secret"
+
+// clusterNode is one indexer of an in-process test cluster: a real Server with
+// real gRPC, HTTP and raft TCP listeners on loopback and a data dir of its own.
+type clusterNode struct {
+	id   string
+	cfg  Config // the ports are pinned after the first start, for restarts
+	srv  *Server
+	stop func() error // ends Run and returns its error
+}
+
+type testCluster struct {
+	t     *testing.T
+	nodes []*clusterNode
+}
+
+// clusterLogger discards logs unless KVINDEX_TEST_LOG is set.
+func clusterLogger() *slog.Logger {
+	if os.Getenv("KVINDEX_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return nil
+}
+
+// makeCluster starts n servers: node-0 bootstraps, node-1 joins through node-0
+// and every later node through the node before it (a follower, which forwards
+// the join to the leader). It returns once every node is a voter and ready.
+func makeCluster(t *testing.T, n int) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t}
+	t.Cleanup(func() {
+		for _, cn := range c.nodes {
+			if cn.srv != nil {
+				if err := cn.stop(); err != nil {
+					t.Errorf("%s: Run: %v", cn.id, err)
+				}
+			}
+		}
+	})
+	for i := range n {
+		cfg := testConfig(t)
+		cfg.NodeID = fmt.Sprintf("node-%d", i)
+		cfg.AdminToken = clusterToken
+		// Timeouts that survive -race on two busy cores without spurious elections.
+		cfg.Raft.HeartbeatTimeout = 400 * time.Millisecond
+		cfg.Raft.ElectionTimeout = 400 * time.Millisecond
+		cfg.Raft.LeaderLeaseTimeout = 300 * time.Millisecond
+		cfg.Raft.CommitTimeout = 20 * time.Millisecond
+		cfg.Ingest.ReplayTimeout = time.Second
+		if i > 0 {
+			cfg.Join = c.nodes[i-1].srv.GRPCAddr()
+		}
+		cn := &clusterNode{id: cfg.NodeID, cfg: cfg}
+		c.nodes = append(c.nodes, cn)
+		c.start(cn)
+		if i == 0 {
+			c.waitReady(cn, 20*time.Second)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, cn := range c.nodes {
+		for {
+			st, err := cn.srv.node.Cluster()
+			voters := 0
+			for _, m := range st.Members {
+				if m.Suffrage == "voter" {
+					voters++
+				}
+			}
+			if err == nil && voters == n && cn.srv.backend.Ready() == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: cluster never formed: %+v, %v, ready: %v", cn.id, st, err, cn.srv.backend.Ready())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return c
+}
+
+// start runs cn's server from its config (and data dir).
+func (c *testCluster) start(cn *clusterNode) {
+	c.t.Helper()
+	srv, err := New(cn.cfg, clusterLogger())
+	if err != nil {
+		c.t.Fatalf("%s: %v", cn.id, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	cn.srv = srv
+	cn.stop = func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(20 * time.Second):
+			return fmt.Errorf("%s did not stop", cn.id)
+		}
+	}
+	cn.cfg.HTTPAddr, cn.cfg.GRPCAddr, cn.cfg.Raft.RaftAddr = srv.HTTPAddr(), srv.GRPCAddr(), srv.RaftAddr()
+}
+
+// kill stops cn as a crash would (raft's transport drops first, no leadership
+// transfer), then lets its Run return.
+func (c *testCluster) kill(cn *clusterNode) {
+	cn.srv.node.Kill()
+	cn.stop() // Run reports the node's death: expected
+	cn.srv = nil
+}
+
+func (c *testCluster) live() []*clusterNode {
+	var out []*clusterNode
+	for _, cn := range c.nodes {
+		if cn.srv != nil {
+			out = append(out, cn)
+		}
+	}
+	return out
+}
+
+// leader waits until one live node leads with its ingest running.
+func (c *testCluster) leader(timeout time.Duration) *clusterNode {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		for _, cn := range c.live() {
+			if cn.srv.node.IsLeader() && cn.srv.ingest.Running() {
+				return cn
+			}
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("no leader within %v", timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (c *testCluster) followers(leader *clusterNode) []*clusterNode {
+	return slices.DeleteFunc(c.live(), func(cn *clusterNode) bool { return cn == leader })
+}
+
+func (c *testCluster) waitReady(cn *clusterNode, timeout time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for cn.srv.backend.Ready() != nil {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%s never became ready: %v", cn.id, cn.srv.backend.Ready())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// caughtUp waits until every given node has applied each stream up to last
+// and all of them are at the same applied index.
+func (c *testCluster) caughtUp(nodes []*clusterNode, last map[ingest.Stream]uint64, timeout time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		behind := ""
+		var applied []uint64
+		for _, cn := range nodes {
+			for s, seq := range last {
+				if cur, ok := cn.srv.Applier().Cursor(s); !ok || cur.Seq < seq {
+					behind = fmt.Sprintf("%s: stream %v at %+v, want seq %d", cn.id, s, cur, seq)
+				}
+			}
+			applied = append(applied, cn.srv.backend.AppliedIndex())
+		}
+		if behind == "" && slices.Min(applied) == slices.Max(applied) {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("replicas never caught up: %s; applied indexes %v", behind, applied)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// clusterEngine is a fake engine with a replay socket and caches small enough
+// for the traffic to evict.
+func clusterEngine(t *testing.T, name string, dp int) *fakeengine.Engine {
+	return startEngineFor(t, engineSpec{name: name, dp: dp, gpuBlocks: 48, cpuBlocks: 24})
+}
+
+// lastSeqs flushes the engines and returns each stream's last published seq.
+func lastSeqs(t *testing.T, engines map[string]*fakeengine.Engine) map[ingest.Stream]uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out := map[ingest.Stream]uint64{}
+	for name, e := range engines {
+		if err := e.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, rk := range e.CacheTruth().Ranks {
+			out[ingest.Stream{Worker: name, DPRank: rk.DPRank}] = uint64(rk.LastSeq)
+		}
+	}
+	return out
+}
+
+// engineLoad sends requests to every engine from a few goroutines each until
+// stopped: prompts that share system prefixes and extend earlier ones, so that
+// blocks are reused and evicted. It keeps the prompts for later queries.
+type engineLoad struct {
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	prompts  [][]uint32 // guarded by mu
+	requests int        // guarded by mu
+	errs     []error    // guarded by mu
+}
+
+func startLoad(engines map[string]*fakeengine.Engine, seed uint64) *engineLoad {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &engineLoad{cancel: cancel}
+	i := uint64(0)
+	for _, e := range engines {
+		for range 2 {
+			i++
+			rng := rand.New(rand.NewPCG(seed, i))
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				l.run(ctx, e, rng)
+			}()
+		}
+	}
+	return l
+}
+
+func (l *engineLoad) run(ctx context.Context, e *fakeengine.Engine, rng *rand.Rand) {
+	systems := [][]uint32{tokens(0, 12), tokens(30, 16), tokens(60, 9)}
+	var history [][]uint32
+	for ctx.Err() == nil {
+		var prompt []uint32
+		if len(history) > 0 && rng.IntN(3) == 0 {
+			prompt = concat(history[rng.IntN(len(history))], tokens(rng.IntN(200), 3+rng.IntN(8)))
+		} else {
+			prompt = concat(systems[rng.IntN(len(systems))], tokens(rng.IntN(200), 2+rng.IntN(16)))
+		}
+		prompt = prompt[:min(len(prompt), 60)]
+		history = append(history, prompt)
+		if len(history) > 40 {
+			history = history[1:]
+		}
+		_, err := e.Generate(ctx, fakeengine.Request{Prompt: prompt, MaxTokens: 1 + rng.IntN(3)})
+		l.mu.Lock()
+		l.requests++
+		l.prompts = append(l.prompts, prompt)
+		if err != nil && ctx.Err() == nil {
+			l.errs = append(l.errs, err)
+		}
+		l.mu.Unlock()
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (l *engineLoad) stop(t *testing.T) {
+	l.cancel()
+	l.wg.Wait()
+	for _, err := range l.errs {
+		t.Errorf("traffic: %v", err)
+	}
+}
+
+// assertHoldsTruth checks that ix holds exactly the (stream, block, tier)
+// triples the engines cache: on a copy, it removes each one the engines
+// report (each must be there), then expects nothing left.
+func assertHoldsTruth(t *testing.T, who string, ix *radix.Index, engines map[string]*fakeengine.Engine) int {
+	t.Helper()
+	var buf bytes.Buffer
+	if _, err := ix.WriteTo(&buf); err != nil {
+		t.Fatal(err)
+	}
+	cp := radix.New(radix.Config{})
+	if _, err := cp.ReadFrom(&buf); err != nil {
+		t.Fatal(err)
+	}
+	compared, missing := 0, 0
+	for name, e := range engines {
+		for _, rt := range e.CacheTruth().Ranks {
+			for _, b := range rt.Blocks {
+				for _, tierName := range b.Tiers {
+					tier := map[string]radix.Tier{"GPU": radix.TierGPU, "CPU": radix.TierCPU}[tierName]
+					res, err := cp.Removed(radix.WorkerKey{Worker: name, DPRank: rt.DPRank}, []uint64{b.Hash}, tier)
+					if err != nil || res.Removed != 1 {
+						if missing++; missing <= 5 {
+							t.Errorf("%s: %s/%d block %x on %s is cached by the engine but not indexed", who, name, rt.DPRank, b.Hash, tierName)
+						}
+					}
+					compared++
+				}
+			}
+		}
+	}
+	if compared == 0 {
+		t.Fatal("the engines cache nothing: the comparison would prove nothing")
+	}
+	if st := cp.Stats(); st.Residencies != 0 || st.Detached != 0 {
+		t.Errorf("%s: the index holds %d blocks (%d detached) that no engine caches", who, st.Residencies, st.Detached)
+	}
+	return compared
+}
+
+// counter reads a counter of srv's metrics registry.
+func counter(t *testing.T, srv *Server, name string) float64 {
+	t.Helper()
+	families, err := srv.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name && len(f.Metric) == 1 {
+			return f.Metric[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
+}
+
+func httpDo(t *testing.T, method, url string, body any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		data, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+clusterToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, data
+}
+
+func dialNode(t *testing.T, cn *clusterNode) (kvindexv1.IndexServiceClient, kvindexv1.AdminServiceClient) {
+	t.Helper()
+	cc, err := grpc.NewClient(cn.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return kvindexv1.NewIndexServiceClient(cc), kvindexv1.NewAdminServiceClient(cc)
+}
+
+// checkReplicas checks, once every live node is caught up with the engines,
+// that all hold the same index, equal to what the engines cache, and that Score
+// answers the same on every replica at the same applied index.
+func checkReplicas(t *testing.T, c *testCluster, engines map[string]*fakeengine.Engine, prompts [][]uint32) {
+	t.Helper()
+	live := c.live()
+	c.caughtUp(live, lastSeqs(t, engines), 60*time.Second)
+	digest := live[0].srv.Index().Digest()
+	for _, cn := range live[1:] {
+		if d := cn.srv.Index().Digest(); d != digest {
+			t.Errorf("%s's index digest differs from %s's", cn.id, live[0].id)
+		}
+	}
+	compared := assertHoldsTruth(t, live[0].id, live[0].srv.Index(), engines)
+	leader := c.leader(10 * time.Second)
+	lc, _ := dialNode(t, leader)
+	matched := 0
+	for _, p := range prompts {
+		req := &kvindexv1.ScoreRequest{Model: testModel, TokenIds: p}
+		want, err := lc.Score(context.Background(), req)
+		if err != nil {
+			t.Fatalf("Score on the leader: %v", err)
+		}
+		for _, s := range want.Scores {
+			matched += int(s.MatchedBlocks)
+		}
+		for _, f := range c.followers(leader) {
+			fc, _ := dialNode(t, f)
+			got, err := fc.Score(context.Background(), req)
+			if err != nil {
+				t.Fatalf("Score on %s: %v", f.id, err)
+			}
+			if !proto.Equal(got, want) {
+				t.Errorf("Score on %s differs from the leader's:\n%v\nleader %s:\n%v", f.id, got, leader.id, want)
+			}
+		}
+	}
+	if matched == 0 {
+		t.Error("no prompt matched any block: the Score comparison proves nothing")
+	}
+	t.Logf("%d replicas at applied index %d: same digest, %d cached (block, tier) pairs checked against the engines, %d prompts scored alike (%d matched blocks)",
+		len(live), live[0].srv.backend.AppliedIndex(), compared, len(prompts), matched)
+}
+
+// TestClusterOfThree runs three indexers as a raft cluster following fake
+// engines registered through a follower: the replicas hold the same index, equal
+// to the engines' caches, and score alike; after the leader is killed, a new one
+// resumes ingest with no event lost or applied twice, and the killed node,
+// restarted from its data dir, catches up.
+func TestClusterOfThree(t *testing.T) {
+	c := makeCluster(t, 3)
+	ctx := context.Background()
+	engines := map[string]*fakeengine.Engine{"ea": clusterEngine(t, "ea", 1), "eb": clusterEngine(t, "eb", 2)}
+	leader := c.leader(10 * time.Second)
+	follower := c.followers(leader)[0]
+
+	// Register through a follower, in the kvindex REST form: the follower forwards
+	// to the leader, which has applied the registration when the call returns.
+	for name, e := range engines {
+		spec := workerFlagFor(t, name, e)
+		code, body := httpDo(t, "POST", "http://"+follower.srv.HTTPAddr()+"/register", map[string]any{"worker": map[string]any{
+			"id": spec.ID, "model": spec.Model, "block_size": spec.BlockSize, "dp_size": spec.DPSize,
+			"events_endpoint": spec.Endpoint, "replay_endpoint": spec.Replay, "http_endpoint": spec.HTTP,
+		}})
+		if code != http.StatusOK {
+			t.Fatalf("POST /register %s on follower %s = %d %s", name, follower.id, code, body)
+		}
+		for _, cn := range []*clusterNode{leader, follower} {
+			if got, ok := cn.srv.node.Worker(name); !ok || !got.Equal(spec) {
+				t.Errorf("%s: registry has %v (%v) right after the register call, want %v", cn.id, got, ok, spec)
+			}
+		}
+	}
+	// Writes on a follower without the token are refused there, not forwarded.
+	req, _ := http.NewRequest("POST", "http://"+follower.srv.HTTPAddr()+"/unregister", bytes.NewReader([]byte(`{"worker_id":"ea"}`)))
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("unregister without the token on a follower: %v %v", resp, err)
+	}
+
+	// Until the leader's subscriptions are live, what an engine publishes reaches
+	// the index only through replay; a cache reset publishes AllBlocksCleared, so
+	// once each stream has a cursor, index and engine agree.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for _, e := range engines {
+			if err := e.ResetPrefixCache(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		last := lastSeqs(t, engines)
+		ok := true
+		for s := range last {
+			if _, has := leader.srv.Applier().Cursor(s); !has {
+				ok = false
+			}
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the leader never followed every stream")
+		}
+	}
+	base := lastSeqs(t, engines)
+	c.caughtUp(c.live(), base, 30*time.Second)
+	appliedBefore := map[string]float64{}
+	for _, cn := range c.live() {
+		appliedBefore[cn.id] = counter(t, cn.srv, "kvindex_raft_applied_batches_total")
+	}
+
+	load := startLoad(engines, 1)
+	time.Sleep(1500 * time.Millisecond)
+	load.stop(t)
+	checkReplicas(t, c, engines, load.prompts[:min(len(load.prompts), 40)])
+
+	// GET /cluster on a follower: three voters, one leader, each member's own
+	// applied index (all equal now).
+	code, body := httpDo(t, "GET", "http://"+follower.srv.HTTPAddr()+"/cluster", nil)
+	var cl kvindexv1.ClusterResponse
+	if err := protojson.Unmarshal(body, &cl); code != http.StatusOK || err != nil {
+		t.Fatalf("GET /cluster = %d %s (%v)", code, body, err)
+	}
+	leaders := 0
+	for _, m := range cl.Members {
+		if m.IsLeader {
+			leaders++
+		}
+		if m.Suffrage != kvindexv1.Suffrage_SUFFRAGE_VOTER || m.GrpcAddr == "" || m.RaftAddr == "" || m.AppliedIndex != cl.AppliedIndex {
+			t.Errorf("GET /cluster member %v (applied index of the answering node %d)", m, cl.AppliedIndex)
+		}
+	}
+	if len(cl.Members) != 3 || leaders != 1 || cl.Leader != leader.id || cl.Term == 0 || cl.NodeId != follower.id {
+		t.Errorf("GET /cluster = %s", body)
+	}
+
+	// Linearizable reads go to the leader: a follower names it.
+	fidx, _ := dialNode(t, follower)
+	_, err := fidx.Score(ctx, &kvindexv1.ScoreRequest{Model: testModel, TokenIds: tokens(0, 8), Consistency: kvindexv1.Consistency_CONSISTENCY_LINEARIZABLE})
+	if st := status.Convert(err); st.Code() != codes.Unavailable || !bytes.Contains([]byte(st.Message()), []byte(leader.srv.GRPCAddr())) {
+		t.Errorf("linearizable Score on a follower = %v, want not-leader naming %s", err, leader.srv.GRPCAddr())
+	}
+	lidx, _ := dialNode(t, leader)
+	if _, err := lidx.Score(ctx, &kvindexv1.ScoreRequest{Model: testModel, TokenIds: tokens(0, 8), Consistency: kvindexv1.Consistency_CONSISTENCY_LINEARIZABLE}); err != nil {
+		t.Errorf("linearizable Score on the leader: %v", err)
+	}
+
+	// Kill the leader under load; a survivor takes over and resumes every stream
+	// from the replicated cursors, the engines' replay filling the gap.
+	load = startLoad(engines, 2)
+	time.Sleep(700 * time.Millisecond)
+	killed := leader
+	killedAt := time.Now()
+	c.kill(killed)
+	newLeader := c.leader(30 * time.Second)
+	failover := time.Since(killedAt)
+	time.Sleep(1500 * time.Millisecond)
+	load.stop(t)
+	checkReplicas(t, c, engines, load.prompts[:min(len(load.prompts), 40)])
+	final := lastSeqs(t, engines)
+	published := 0
+	for s, seq := range final {
+		published += int(seq - base[s])
+	}
+	for _, cn := range c.live() {
+		applied := counter(t, cn.srv, "kvindex_raft_applied_batches_total") - appliedBefore[cn.id]
+		if int(applied) != published {
+			t.Errorf("%s applied %d stream batches since the engines were followed; they published %d (lost or applied twice)", cn.id, int(applied), published)
+		}
+	}
+	dropped := counter(t, newLeader.srv, "kvindex_raft_duplicate_batches_total")
+	t.Logf("leader %s killed; %s led and ingested again after %v; %d batches published since, each applied once on every survivor; %d re-proposed batches dropped by the cursors",
+		killed.id, newLeader.id, failover.Round(time.Millisecond), published, int(dropped))
+
+	// The killed node, restarted from its data dir, catches up.
+	c.start(killed)
+	c.caughtUp(c.live(), final, 60*time.Second)
+	if killed.srv.Index().Digest() != newLeader.srv.Index().Digest() {
+		t.Error("the restarted node's index differs from the leader's")
+	}
+
+	// Unregister through a follower: the blocks leave every replica.
+	f := c.followers(newLeader)[0]
+	if code, body := httpDo(t, "POST", "http://"+f.srv.HTTPAddr()+"/unregister", map[string]string{"worker_id": "eb"}); code != http.StatusOK {
+		t.Fatalf("POST /unregister on %s = %d %s", f.id, code, body)
+	}
+	if hs := f.srv.Index().HolderStats([]string{"eb"}); len(hs) != 0 {
+		t.Errorf("%s still holds eb's blocks after the unregister call returned: %v", f.id, hs)
+	}
+	for _, cn := range c.live() {
+		for deadline := time.Now().Add(10 * time.Second); len(cn.srv.Index().HolderStats([]string{"eb"})) != 0; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s still holds eb's blocks", cn.id)
+			}
+		}
+	}
+}
