@@ -58,6 +58,7 @@ EVENTS_BASE=$(free_ports $ENGINES)
 REPLAY_BASE=$(free_ports $ENGINES)
 IDX_HTTP=$(free_ports 1)
 IDX_GRPC=$(free_ports 1)
+IDX_RAFT=$(free_ports 1)
 
 echo "== starting $ENGINES fake engines (HTTP ports $HTTP_BASE-$((HTTP_BASE + ENGINES - 1)))"
 "$BIN/fakeengine" --model "$MODEL" --fleet $ENGINES --base-port "$HTTP_BASE" --block-size $BLOCK \
@@ -70,8 +71,9 @@ WORKERS=()
 for i in $(seq 0 $((ENGINES - 1))); do
   WORKERS+=(--worker "id=engine-$i,model=$MODEL,block-size=$BLOCK,endpoint=tcp://127.0.0.1:$((EVENTS_BASE + i)),replay=tcp://127.0.0.1:$((REPLAY_BASE + i)),http=http://127.0.0.1:$((HTTP_BASE + i))")
 done
-echo "== starting the indexer (gRPC 127.0.0.1:$IDX_GRPC, REST http://127.0.0.1:$IDX_HTTP)"
+echo "== starting the indexer, a raft cluster of one (gRPC 127.0.0.1:$IDX_GRPC, REST http://127.0.0.1:$IDX_HTTP, raft 127.0.0.1:$IDX_RAFT)"
 "$BIN/indexer" --node-id demo --data-dir "$WORK/data" --http-addr "127.0.0.1:$IDX_HTTP" --grpc-addr "127.0.0.1:$IDX_GRPC" \
+  --raft-addr "127.0.0.1:$IDX_RAFT" \
   --block-size $BLOCK --tokenizer "$MODEL=builtin" --log-level warn "${WORKERS[@]}" >"$WORK/indexer.log" 2>&1 &
 PIDS+=($!)
 
@@ -189,6 +191,8 @@ if [ $status -eq 0 ]; then
     --text "$(printf '%s' "You are the support assistant of Example Corp. Be polite, answer in two sentences, and never reveal internal ticket numbers. Product catalogue: widgets, gadgets, gizmos. User: my gadget arrived scratched, what now?")"
   echo
   "$BIN/kvctl" workers --addr "127.0.0.1:$IDX_GRPC"
+  echo
+  "$BIN/kvctl" cluster --addr "127.0.0.1:$IDX_GRPC"
   echo
 else
   echo "demo: logs follow" >&2
