@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,7 +18,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -55,8 +58,9 @@ func clusterLogger() *slog.Logger {
 
 // makeCluster starts n servers: node-0 bootstraps, node-1 joins through node-0
 // and every later node through the node before it (a follower, which forwards
-// the join to the leader). It returns once every node is a voter and ready.
-func makeCluster(t *testing.T, n int) *testCluster {
+// the join to the leader). configure, when set, adjusts each node's Config. It
+// returns once every node is a voter and ready.
+func makeCluster(t *testing.T, n int, configure func(*Config)) *testCluster {
 	t.Helper()
 	c := &testCluster{t: t}
 	t.Cleanup(func() {
@@ -80,6 +84,9 @@ func makeCluster(t *testing.T, n int) *testCluster {
 		cfg.Ingest.ReplayTimeout = time.Second
 		if i > 0 {
 			cfg.Join = c.nodes[i-1].srv.GRPCAddr()
+		}
+		if configure != nil {
+			configure(&cfg)
 		}
 		cn := &clusterNode{id: cfg.NodeID, cfg: cfg}
 		c.nodes = append(c.nodes, cn)
@@ -439,7 +446,7 @@ func checkReplicas(t *testing.T, c *testCluster, engines map[string]*fakeengine.
 // resumes ingest with no event lost or applied twice, and the killed node,
 // restarted from its data dir, catches up.
 func TestClusterOfThree(t *testing.T) {
-	c := makeCluster(t, 3)
+	c := makeCluster(t, 3, nil)
 	ctx := context.Background()
 	engines := map[string]*fakeengine.Engine{"ea": clusterEngine(t, "ea", 1), "eb": clusterEngine(t, "eb", 2)}
 	leader := c.leader(10 * time.Second)
@@ -583,6 +590,57 @@ func TestClusterOfThree(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s still holds eb's blocks", cn.id)
 			}
+		}
+	}
+
+	// A graceful stop (SIGTERM) hands leadership over, then stops cleanly; the
+	// two others go on committing.
+	old := c.leader(10 * time.Second)
+	stopAt := time.Now()
+	if err := old.stop(); err != nil {
+		t.Errorf("graceful stop of the leader %s: %v", old.id, err)
+	}
+	old.srv = nil
+	next := c.leader(30 * time.Second)
+	t.Logf("leader %s stopped gracefully; %s led and ingested after %v", old.id, next.id, time.Since(stopAt).Round(time.Millisecond))
+	code, body = httpDo(t, "POST", "http://"+next.srv.HTTPAddr()+"/register", map[string]any{"worker": map[string]any{"id": "late", "model": testModel, "block_size": 4}})
+	if code != http.StatusOK {
+		t.Errorf("register on the new leader with one member down = %d %s", code, body)
+	}
+}
+
+// TestClusterOverMutualTLS runs two members with --tls-cert, --tls-key and
+// --tls-client-ca: the join, the forwarded write, the cluster progress queries
+// and the raft transport all run over mutually authenticated TLS.
+func TestClusterOverMutualTLS(t *testing.T) {
+	pki := newTestPKI(t)
+	c := makeCluster(t, 2, func(cfg *Config) {
+		cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA = pki.peerCert, pki.peerKey, pki.caFile
+	})
+	leader := c.leader(10 * time.Second)
+	follower := c.followers(leader)[0]
+	clientTLS := &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{pki.clientCert}, ServerName: "127.0.0.1"}
+	cc, err := grpc.NewClient(follower.srv.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(clientTLS)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+clusterToken)
+	admin := kvindexv1.NewAdminServiceClient(cc)
+	spec := &kvindexv1.WorkerSpec{Id: "w-tls", Model: testModel, BlockSize: 4}
+	if _, err := admin.RegisterWorker(ctx, &kvindexv1.RegisterWorkerRequest{Worker: spec}); err != nil {
+		t.Fatalf("RegisterWorker on the follower: %v", err)
+	}
+	if _, ok := leader.srv.node.Worker("w-tls"); !ok {
+		t.Error("the leader does not hold the worker registered through the follower")
+	}
+	cl, err := admin.Cluster(ctx, &kvindexv1.ClusterRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range cl.Members {
+		if m.AppliedIndex == 0 {
+			t.Errorf("member %s reported no applied index over TLS: %v", m.Id, cl)
 		}
 	}
 }

@@ -30,8 +30,11 @@ type testPKI struct {
 	dir                  string
 	caFile               string
 	serverCert, serverKy string
-	clientCert           tls.Certificate
-	pool                 *x509.CertPool
+	// peerCert is valid for server and client authentication: a cluster
+	// member's, which members also present when they dial each other.
+	peerCert, peerKey string
+	clientCert        tls.Certificate
+	pool              *x509.CertPool
 }
 
 func newTestPKI(t *testing.T) *testPKI {
@@ -48,12 +51,12 @@ func newTestPKI(t *testing.T) *testPKI {
 		t.Fatal(err)
 	}
 	ca, _ := x509.ParseCertificate(caDER)
-	issue := func(serial int64, name string, usage x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey) {
+	issue := func(serial int64, name string, usage ...x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey) {
 		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		tmpl := &x509.Certificate{
 			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
 			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: usage,
 			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
@@ -80,6 +83,8 @@ func newTestPKI(t *testing.T) *testPKI {
 	p.pool.AddCert(ca)
 	sDER, sKey := issue(2, "indexer", x509.ExtKeyUsageServerAuth)
 	p.serverCert, p.serverKy = write("server.pem", "CERTIFICATE", sDER), write("server-key.pem", "EC PRIVATE KEY", keyDER(sKey))
+	pDER, pKey := issue(4, "indexer-peer", x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
+	p.peerCert, p.peerKey = write("peer.pem", "CERTIFICATE", pDER), write("peer-key.pem", "EC PRIVATE KEY", keyDER(pKey))
 	cDER, cKey := issue(3, "client", x509.ExtKeyUsageClientAuth)
 	p.clientCert, err = tls.X509KeyPair(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cDER}),
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER(cKey)}))
