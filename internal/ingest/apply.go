@@ -8,9 +8,6 @@ import (
 	"github.com/kvindex/kvindex/internal/radix"
 )
 
-// ErrUnknownOp: a StreamBatch carried an Op kind this version does not know.
-var ErrUnknownOp = errors.New("unknown index op")
-
 // Applier applies StreamBatches to a radix.Index exactly once each: it keeps every
 // stream's Cursor and drops a batch at or behind it, so a batch delivered twice (a
 // re-proposal after a Raft leader change, a replay that overlaps live traffic) changes
@@ -59,57 +56,28 @@ func (a *Applier) Apply(b StreamBatch) ApplyResult {
 	if seen && (b.Epoch < cur.Epoch || (b.Epoch == cur.Epoch && b.Seq <= cur.Seq)) {
 		return ApplyResult{}
 	}
-	ops := a.ops[:0]
+	ops, first := b.Ops, 0 // ops[first+i] is b.Ops[i]
 	if b.Reset {
-		ops = append(ops, radix.Op{Kind: radix.OpCleared})
-	}
-	first := len(ops) // ops[first+i] is b.Ops[i]
-	for i := range b.Ops {
-		ops = append(ops, indexOp(&b.Ops[i]))
+		// The clear goes in the same ApplyOps call so readers never see the stream
+		// cleared but not yet refilled.
+		ops = append(append(a.ops[:0], radix.Op{Kind: radix.OpCleared}), b.Ops...)
+		first = 1
 	}
 	out := a.index.ApplyOps(b.Stream, ops)
-	clear(ops) // keep no reference to the batch's slices
-	a.ops = ops[:0]
+	if b.Reset {
+		clear(ops) // keep no reference to the batch's slices
+		a.ops = ops[:0]
+	}
 
 	res := ApplyResult{Applied: true, OpErrors: out.Refused}
 	var refused *radix.OpError
 	if errors.As(out.Err, &refused) {
-		i, err := refused.Op-first, refused.Err
-		if kind := b.Ops[i].Kind; indexOpKind(kind) == 0 {
-			err = fmt.Errorf("%w: op kind %d", ErrUnknownOp, kind)
-		}
-		res.FirstErr = fmt.Errorf("stream %s/%d seq %d op %d: %w", b.Stream.Worker, b.Stream.DPRank, b.Seq, i, err)
+		res.FirstErr = fmt.Errorf("stream %s/%d seq %d op %d: %w", b.Stream.Worker, b.Stream.DPRank, b.Seq, refused.Op-first, refused.Err)
 	}
 	a.mu.Lock()
 	a.cursors[b.Stream] = Cursor{Seq: b.Seq, Epoch: b.Epoch}
 	a.mu.Unlock()
 	return res
-}
-
-// indexOpKind maps an OpKind to the radix one. An unknown kind maps to 0, which
-// the index refuses (radix.ErrInvalidOp) like any bad op, in its place in the batch.
-func indexOpKind(k OpKind) radix.OpKind {
-	switch k {
-	case OpStored:
-		return radix.OpStored
-	case OpRemoved:
-		return radix.OpRemoved
-	case OpCleared:
-		return radix.OpCleared
-	}
-	return 0
-}
-
-func indexOp(op *Op) radix.Op {
-	return radix.Op{
-		Kind:      indexOpKind(op.Kind),
-		Namespace: op.Namespace,
-		Parent:    op.Parent,
-		HasParent: op.HasParent,
-		Hashes:    op.Hashes,
-		Keys:      op.Keys,
-		Tier:      op.Tier,
-	}
 }
 
 // RemoveWorker drops every block and cursor of every dp rank of worker.

@@ -123,12 +123,12 @@ func TestApplierReportsTheFirstRefusedOpByItsPositionInTheBatch(t *testing.T) {
 		errors  int
 	}{
 		{"unknown kind after a valid op", StreamBatch{Stream: w, Ops: []Op{storedOp([]uint64{100}, []uint64{1}), {Kind: OpKind(42)}}},
-			ErrUnknownOp, "seq 0 op 1:", 1},
+			radix.ErrInvalidOp, "seq 0 op 1:", 1},
 		{"in a reset batch, positions do not count the reset", StreamBatch{Stream: w, Seq: 3, Reset: true, Epoch: 1, Ops: []Op{
 			storedOp([]uint64{100}, []uint64{1}), {Kind: OpRemoved, Tier: radix.Tier(7)}, {Kind: OpKind(0)}}},
 			radix.ErrInvalidTier, "seq 3 op 1:", 2},
 		{"zero kind", StreamBatch{Stream: w, Ops: []Op{{Kind: OpKind(0)}, storedOp([]uint64{100}, []uint64{1})}},
-			ErrUnknownOp, "seq 0 op 0:", 1},
+			radix.ErrInvalidOp, "seq 0 op 0:", 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -11,30 +11,20 @@ import (
 type Stream = radix.WorkerKey
 
 // OpKind is what an Op does to the index.
-type OpKind uint8
+type OpKind = radix.OpKind
 
+// The Op kinds, as the index defines them.
 const (
-	// OpStored: the stream now holds Hashes (chained under Parent) on Tier.
-	OpStored OpKind = iota + 1
-	// OpRemoved: the stream dropped Hashes from Tier.
-	OpRemoved
-	// OpCleared: the stream dropped every block on every tier.
-	OpCleared
+	OpStored  = radix.OpStored  // the stream now holds Hashes (chained under Parent) on Tier
+	OpRemoved = radix.OpRemoved // the stream dropped Hashes from Tier
+	OpCleared = radix.OpCleared // the stream dropped every block on every tier
 )
 
 // Op is one index mutation derived from one engine event, with block keys already
 // computed (kvblock), so applying it needs no tokens, no tokenizer and no worker
-// registry: a Raft follower replays Ops exactly as the leader built them.
-type Op struct {
-	Kind OpKind
-	// Namespace is kvblock.Namespace{model, lora, cache_salt}.ID() (OpStored only).
-	Namespace uint64
-	Parent    uint64 // engine hash of the block before Hashes[0] (OpStored, when HasParent)
-	HasParent bool
-	Hashes    []uint64 // engine block hashes (OpStored, OpRemoved)
-	Keys      []uint64 // local block keys, one per hash (OpStored)
-	Tier      radix.Tier
-}
+// registry: a Raft follower replays Ops exactly as the leader built them. It is the
+// index's own batch op (radix.Op), so a batch reaches the index without conversion.
+type Op = radix.Op
 
 // StreamBatch is the unit handed from ingest to the index: the Ops of one engine
 // batch, in order, with the batch's sequence number.
