@@ -57,9 +57,9 @@ func startEngine(t *testing.T) *fakeengine.Engine {
 	return e
 }
 
-// startIndexer runs the binary's run() with args and returns its HTTP base URL,
-// read from its JSON startup log line.
-func startIndexer(t *testing.T, args ...string) string {
+// startIndexer runs the binary's run() with args and returns its HTTP base URL
+// and gRPC address, read from its JSON startup log line.
+func startIndexer(t *testing.T, args ...string) (base, grpcAddr string) {
 	t.Helper()
 	logs := &syncBuffer{}
 	dataDir := t.TempDir()
@@ -88,9 +88,10 @@ func startIndexer(t *testing.T, args ...string) string {
 			var line struct {
 				Msg  string `json:"msg"`
 				HTTP string `json:"http"`
+				GRPC string `json:"grpc"`
 			}
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "indexer started" {
-				return "http://" + line.HTTP
+				return "http://" + line.HTTP, line.GRPC
 			}
 		}
 		select {
@@ -174,7 +175,7 @@ func waitForSeq(t *testing.T, base, worker string, last int64) {
 
 func TestIndexerFollowsAWorkerGivenByFlag(t *testing.T) {
 	e := startEngine(t)
-	base := startIndexer(t, "--block-size=4", "--idle-replay-interval=50ms",
+	base, _ := startIndexer(t, "--block-size=4", "--idle-replay-interval=50ms",
 		"--worker", "id=e1,model="+e.Config().Model+",endpoint="+e.EventEndpoints()[0]+",replay="+e.ReplayEndpoints()[0])
 	last := generate(t, e, 10)
 	waitForSeq(t, base, "e1", last)
@@ -204,7 +205,7 @@ func TestRelaySubcommandFeedsAnIndexerOverNATS(t *testing.T) {
 	}
 	t.Cleanup(ns.Shutdown)
 	e := startEngine(t)
-	base := startIndexer(t, "--kv-event-transport=nats", "--nats-url="+ns.ClientURL(), "--nats-subject-prefix=infera.kv.events",
+	base, _ := startIndexer(t, "--kv-event-transport=nats", "--nats-url="+ns.ClientURL(), "--nats-subject-prefix=infera.kv.events",
 		"--block-size=4", "--idle-replay-interval=50ms")
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -235,6 +236,44 @@ func TestRelaySubcommandFeedsAnIndexerOverNATS(t *testing.T) {
 	if !strings.Contains(metrics, `kvindex_ingest_workers{source="discovered"} 1`) {
 		t.Error("w1 is not counted as discovered")
 	}
+}
+
+// TestSecondIndexerJoinsTheFirst starts two indexers through the command line,
+// the second with --join: GET /cluster on either shows both as voters under one
+// leader, and a worker given by flag to both is followed and reported by both.
+func TestSecondIndexerJoinsTheFirst(t *testing.T) {
+	e := startEngine(t)
+	worker := "id=e1,model=" + e.Config().Model + ",endpoint=" + e.EventEndpoints()[0] + ",replay=" + e.ReplayEndpoints()[0]
+	first, firstGRPC := startIndexer(t, "--node-id=first", "--block-size=4", "--idle-replay-interval=50ms", "--worker", worker)
+	second, _ := startIndexer(t, "--node-id=second", "--join="+firstGRPC, "--block-size=4", "--idle-replay-interval=50ms", "--worker", worker)
+	deadline := time.Now().Add(30 * time.Second)
+	for _, base := range []string{first, second} {
+		for {
+			var cl struct {
+				Leader  string `json:"leader"`
+				Term    string `json:"term"`
+				Members []struct {
+					ID       string `json:"id"`
+					Suffrage string `json:"suffrage"`
+				} `json:"members"`
+			}
+			body := httpGet(t, base+"/cluster")
+			if err := json.Unmarshal([]byte(body), &cl); err != nil {
+				t.Fatalf("GET /cluster: %v in %s", err, body)
+			}
+			if len(cl.Members) == 2 && cl.Members[0].ID == "first" && cl.Members[1].ID == "second" &&
+				cl.Members[1].Suffrage == "SUFFRAGE_VOTER" && cl.Leader == "first" && cl.Term != "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("GET %s/cluster never showed both members: %s", base, body)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	last := generate(t, e, 5)
+	waitForSeq(t, first, "e1", last)
+	waitForSeq(t, second, "e1", last)
 }
 
 func TestHelpDocumentsBothCommands(t *testing.T) {
