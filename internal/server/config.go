@@ -360,9 +360,9 @@ const shutdownTimeout = 5 * time.Second
 func registerRaftFlags(fs *flag.FlagSet, rc *raftstore.Config) {
 	fs.StringVar(&rc.RaftAddr, "raft-addr", rc.RaftAddr, "raft transport listen `host:port` (port 0 picks a free one)")
 	fs.StringVar(&rc.RaftAdvertise, "raft-advertise", rc.RaftAdvertise, "`host:port` other members reach this node's raft transport at (default: --raft-addr as bound)")
-	fs.IntVar(&rc.MaxBatchEvents, "raft-batch-max-events", rc.MaxBatchEvents, "the leader proposes a log entry once it holds this many block events")
-	fs.IntVar(&rc.MaxBatchBytes, "raft-batch-max-bytes", rc.MaxBatchBytes, "... or this many `bytes`")
-	fs.DurationVar(&rc.MaxBatchWait, "raft-batch-max-wait", rc.MaxBatchWait, "... or this long after its first batch (0: as soon as a proposal slot is free)")
+	fs.IntVar(&rc.MaxBatchEvents, "raft-batch-max-events", rc.MaxBatchEvents, "the leader proposes the log entry it fills once it holds this many block events (or --raft-batch-max-bytes, or --raft-batch-max-wait)")
+	fs.IntVar(&rc.MaxBatchBytes, "raft-batch-max-bytes", rc.MaxBatchBytes, "the leader proposes the log entry it fills once it holds this many `bytes` (or --raft-batch-max-events, or --raft-batch-max-wait)")
+	fs.DurationVar(&rc.MaxBatchWait, "raft-batch-max-wait", rc.MaxBatchWait, "the leader proposes the log entry it fills this long after its first event batch at the latest (0: as soon as a proposal slot is free)")
 	fs.IntVar(&rc.MaxInFlight, "raft-max-inflight", rc.MaxInFlight, "log entries proposed and not yet committed at once; ingest waits when all are pending")
 	fs.Uint64Var(&rc.SnapshotThreshold, "raft-snapshot-threshold", rc.SnapshotThreshold, "take a snapshot once this many log entries were committed since the last one")
 	fs.DurationVar(&rc.SnapshotInterval, "raft-snapshot-interval", rc.SnapshotInterval, "how often to check --raft-snapshot-threshold")
