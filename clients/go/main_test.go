@@ -60,9 +60,15 @@ func startIndexer() (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	dataDir, err := os.MkdirTemp("", "kvindex-client-test-")
+	if err != nil {
+		engine.Close()
+		return nil, err
+	}
 	cfg := server.DefaultConfig()
 	cfg.NodeID = "example-node"
-	cfg.HTTPAddr, cfg.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.DataDir = dataDir
+	cfg.HTTPAddr, cfg.GRPCAddr, cfg.Raft.RaftAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	cfg.AdminToken = exampleToken
 	cfg.Ingest.Workers = []ingest.WorkerSpec{spec}
 	cfg.Ingest.DefaultBlockSize = 4
@@ -71,22 +77,25 @@ func startIndexer() (func(), error) {
 	cfg.Tokenizers = tokenize.Specs{{Model: exampleModel, Dir: server.BuiltinTokenizer}}
 	if indexerSrv, err = server.New(cfg, nil); err != nil {
 		engine.Close()
+		os.RemoveAll(dataDir)
 		return nil, err
 	}
 	exampleAddr, exampleHTTP = indexerSrv.GRPCAddr(), "http://"+indexerSrv.HTTPAddr()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- indexerSrv.Run(ctx) }()
-	// The examples score this prompt: cache it on the engine first.
-	if err := generate(tokenize.NewBuiltin().Encode("The quick brown fox jumps over the lazy dog", true)); err != nil {
-		cancel()
-		return nil, err
-	}
-	return func() {
+	stop := func() {
 		cancel()
 		<-done
 		engine.Close()
-	}, nil
+		os.RemoveAll(dataDir)
+	}
+	// The examples score this prompt: cache it on the engine first.
+	if err := generate(tokenize.NewBuiltin().Encode("The quick brown fox jumps over the lazy dog", true)); err != nil {
+		stop()
+		return nil, err
+	}
+	return stop, nil
 }
 
 // generate runs prompt on the engine and waits until the indexer applied it.

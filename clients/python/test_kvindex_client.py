@@ -62,9 +62,10 @@ def setUpModule():
         _tmp + "/fakeengine", "--model", model, "--port", str(http_port), "--block-size", "4",
         "--kv-events-endpoint", "tcp://*:%d" % events, "--kv-events-replay-endpoint", "tcp://*:%d" % replay,
         "--time-scale", "0", "--log-level", "warn"]))
-    idx_http, idx_grpc = _free_port(), _free_port()
+    idx_http, idx_grpc, idx_raft = _free_port(), _free_port(), _free_port()
     _processes.append(subprocess.Popen([
         _tmp + "/indexer", "--http-addr", "127.0.0.1:%d" % idx_http, "--grpc-addr", "127.0.0.1:%d" % idx_grpc,
+        "--raft-addr", "127.0.0.1:%d" % idx_raft, "--data-dir", _tmp + "/data",
         "--block-size", "4", "--admin-token", token, "--tokenizer", model + "=builtin", "--log-level", "warn",
         "--worker", "id=engine-0,model=%s,endpoint=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d" % (model, events, replay)]))
     ENV.update(KVINDEX_URL="http://127.0.0.1:%d" % idx_http, KVINDEX_ENGINE_URL="http://127.0.0.1:%d" % http_port,
