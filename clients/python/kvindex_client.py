@@ -91,7 +91,7 @@ class Client:
         return self._get(_with_query("/workers", model=model))
 
     def cluster(self):
-        """GET /cluster: kvindex.v1.ClusterResponse."""
+        """GET /cluster: {"node_id", "leader", "term", "members": [...], ...} (docs/api.md)."""
         return self._get("/cluster")
 
     def stats(self):

@@ -251,7 +251,7 @@ func TestSecondIndexerJoinsTheFirst(t *testing.T) {
 		for {
 			var cl struct {
 				Leader  string `json:"leader"`
-				Term    string `json:"term"`
+				Term    uint64 `json:"term"`
 				Members []struct {
 					ID       string `json:"id"`
 					Suffrage string `json:"suffrage"`
@@ -262,7 +262,7 @@ func TestSecondIndexerJoinsTheFirst(t *testing.T) {
 				t.Fatalf("GET /cluster: %v in %s", err, body)
 			}
 			if len(cl.Members) == 2 && cl.Members[0].ID == "first" && cl.Members[1].ID == "second" &&
-				cl.Members[1].Suffrage == "SUFFRAGE_VOTER" && cl.Leader == "first" && cl.Term != "" {
+				cl.Members[1].Suffrage == "voter" && cl.Leader == "first" && cl.Term > 0 {
 				break
 			}
 			if time.Now().After(deadline) {

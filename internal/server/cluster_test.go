@@ -22,7 +22,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
@@ -515,8 +514,8 @@ func TestClusterOfThree(t *testing.T) {
 	// GET /cluster on a follower: three voters, one leader, each member's own
 	// applied index (all equal now).
 	code, body := httpDo(t, "GET", "http://"+follower.srv.HTTPAddr()+"/cluster", nil)
-	var cl kvindexv1.ClusterResponse
-	if err := protojson.Unmarshal(body, &cl); code != http.StatusOK || err != nil {
+	var cl clusterJSON
+	if err := json.Unmarshal(body, &cl); code != http.StatusOK || err != nil {
 		t.Fatalf("GET /cluster = %d %s (%v)", code, body, err)
 	}
 	leaders := 0
@@ -524,11 +523,11 @@ func TestClusterOfThree(t *testing.T) {
 		if m.IsLeader {
 			leaders++
 		}
-		if m.Suffrage != kvindexv1.Suffrage_SUFFRAGE_VOTER || m.GrpcAddr == "" || m.RaftAddr == "" || m.AppliedIndex != cl.AppliedIndex {
-			t.Errorf("GET /cluster member %v (applied index of the answering node %d)", m, cl.AppliedIndex)
+		if m.Suffrage != "voter" || m.GRPCAddr == "" || m.RaftAddr == "" || m.AppliedIndex != cl.AppliedIndex {
+			t.Errorf("GET /cluster member %+v (applied index of the answering node %d)", m, cl.AppliedIndex)
 		}
 	}
-	if len(cl.Members) != 3 || leaders != 1 || cl.Leader != leader.id || cl.Term == 0 || cl.NodeId != follower.id {
+	if len(cl.Members) != 3 || leaders != 1 || cl.Leader != leader.id || cl.Term == 0 || cl.NodeID != follower.id {
 		t.Errorf("GET /cluster = %s", body)
 	}
 

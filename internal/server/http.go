@@ -273,12 +273,48 @@ func (a *API) handleWorkers(w http.ResponseWriter, r *http.Request) error {
 	}
 }
 
+// clusterJSON is GET /cluster, the shape DESIGN.md fixes for other tools: plain
+// numbers (not protojson's quoted uint64s) and lower-case suffrage names.
+type clusterJSON struct {
+	NodeID       string              `json:"node_id"`
+	Leader       string              `json:"leader"`
+	Term         uint64              `json:"term"`
+	CommitIndex  uint64              `json:"commit_index"`
+	AppliedIndex uint64              `json:"applied_index"`
+	Members      []clusterMemberJSON `json:"members"`
+}
+
+type clusterMemberJSON struct {
+	ID           string `json:"id"`
+	RaftAddr     string `json:"raft_addr"`
+	GRPCAddr     string `json:"grpc_addr"`
+	Suffrage     string `json:"suffrage"`
+	AppliedIndex uint64 `json:"applied_index"`
+	IsLeader     bool   `json:"is_leader"`
+}
+
 func (a *API) handleCluster(w http.ResponseWriter, r *http.Request) error {
 	resp, err := a.cluster(r.Context())
 	if err != nil {
 		return err
 	}
-	return writeProto(w, resp)
+	out := clusterJSON{NodeID: resp.GetNodeId(), Leader: resp.GetLeader(), Term: resp.GetTerm(),
+		CommitIndex: resp.GetCommitIndex(), AppliedIndex: resp.GetAppliedIndex(), Members: []clusterMemberJSON{}}
+	for _, m := range resp.GetMembers() {
+		out.Members = append(out.Members, clusterMemberJSON{ID: m.GetId(), RaftAddr: m.GetRaftAddr(), GRPCAddr: m.GetGrpcAddr(),
+			Suffrage: suffrageJSON(m.GetSuffrage()), AppliedIndex: m.GetAppliedIndex(), IsLeader: m.GetIsLeader()})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func suffrageJSON(s kvindexv1.Suffrage) string {
+	switch s {
+	case kvindexv1.Suffrage_SUFFRAGE_NONVOTER:
+		return "nonvoter"
+	default:
+		return "voter"
+	}
 }
 
 // handleDump streams {"applied_index": "N", "changes": [IndexChange...]}. An
