@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
 
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
@@ -87,6 +88,29 @@ type Node struct {
 // raftDB is the bolt file holding the raft log and stable store in DataDir.
 const raftDB = "raft.db"
 
+// boltLockTimeout bounds the wait for bolt's file lock on raftDB: it is held by
+// whichever process has the data dir open, and bolt would wait for it forever.
+const boltLockTimeout = 2 * time.Second
+
+// ErrDataDirInUse: another process (or another Node of this one) holds the data
+// dir's raft log open.
+var ErrDataDirInUse = errors.New("raftstore: data dir in use")
+
+func openBoltStore(dataDir string) (*raftboltdb.BoltStore, error) {
+	path := filepath.Join(dataDir, raftDB)
+	opts := *bbolt.DefaultOptions
+	opts.Timeout = boltLockTimeout
+	store, err := raftboltdb.New(raftboltdb.Options{Path: path, BoltOptions: &opts})
+	if errors.Is(err, bbolt.ErrTimeout) {
+		return nil, fmt.Errorf("%w: %s is locked after %v: is data dir %s in use by another process?",
+			ErrDataDirInUse, path, boltLockTimeout, dataDir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: opening %s: %w", path, err)
+	}
+	return store, nil
+}
+
 // NewNode opens (or creates) the node's state in cfg.DataDir and starts raft. A
 // node whose DataDir holds state resumes from it (latest snapshot, then the log);
 // a new node with cfg.Bootstrap starts a cluster of itself, one without waits to
@@ -122,9 +146,9 @@ func NewNode(cfg Config) (_ *Node, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("raftstore: data dir: %w", err)
 	}
-	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.DataDir, raftDB)})
+	n.store, err = openBoltStore(cfg.DataDir)
 	if err != nil {
-		return nil, fmt.Errorf("raftstore: opening %s: %w", filepath.Join(cfg.DataDir, raftDB), err)
+		return nil, err
 	}
 	closers = append(closers, n.store)
 	var logs raft.LogStore = n.store

@@ -682,3 +682,33 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
 }
 
 var _ raft.StreamLayer = (*tcpStreamLayer)(nil)
+
+// TestSecondNodeOnADataDirInUseFails checks that a node opened on a data dir
+// another node holds fails with ErrDataDirInUse naming the dir, instead of
+// waiting for bolt's file lock forever.
+func TestSecondNodeOnADataDirInUseFails(t *testing.T) {
+	cfg := testConfig()
+	cfg.NodeID, cfg.DataDir, cfg.RaftAddr, cfg.Bootstrap = "first", t.TempDir(), "127.0.0.1:0", true
+	first, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Shutdown(context.Background())
+	cfg.NodeID = "second"
+	done := make(chan error, 1)
+	go func() {
+		second, err := NewNode(cfg)
+		if err == nil {
+			second.Shutdown(context.Background())
+		}
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("NewNode on a data dir in use did not return")
+	}
+	if !errors.Is(err, ErrDataDirInUse) || !strings.Contains(err.Error(), cfg.DataDir) {
+		t.Errorf("NewNode on a data dir in use: %v, want ErrDataDirInUse naming %s", err, cfg.DataDir)
+	}
+}
