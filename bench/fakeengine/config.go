@@ -5,13 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kvindex/kvindex/internal/envflag"
+	"github.com/kvindex/kvindex/internal/logging"
 	"github.com/kvindex/kvindex/internal/tokenize"
 )
 
@@ -255,11 +255,11 @@ func (c *Config) Validate() error {
 			return invalid("--lora-modules entry %q must be a non-empty name other than --model", l)
 		}
 	}
-	if _, err := parseLevel(c.LogLevel); err != nil {
-		return err
+	if _, err := logging.ParseLevel(c.LogLevel); err != nil {
+		return invalid("%v", err)
 	}
-	if c.LogFormat != "text" && c.LogFormat != "json" {
-		return invalid("--log-format=%q must be text or json", c.LogFormat)
+	if err := logging.ValidateFormat(c.LogFormat); err != nil {
+		return invalid("%v", err)
 	}
 	if c.Fleet > 1 {
 		return c.validateFleet()
@@ -503,22 +503,4 @@ func ParseFlags(args []string, out io.Writer, lookup func(string) (string, bool)
 		return Config{}, err
 	}
 	return cfg, nil
-}
-
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, invalid("--log-level=%q must be debug, info, warn or error", s)
-	}
-	return l, nil
-}
-
-// NewLogger returns the logger a validated cfg asks for, writing to w.
-func NewLogger(cfg Config, w io.Writer) *slog.Logger {
-	level, _ := parseLevel(cfg.LogLevel)
-	opts := &slog.HandlerOptions{Level: level}
-	if cfg.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/internal/logging"
 )
 
 func main() {
@@ -26,7 +27,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := fakeengine.Run(ctx, cfg, fakeengine.NewLogger(cfg, os.Stderr)); err != nil {
+	if err := fakeengine.Run(ctx, cfg, logging.New(cfg.LogLevel, cfg.LogFormat, os.Stderr)); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

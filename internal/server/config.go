@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"slices"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/envflag"
 	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/logging"
 	"github.com/kvindex/kvindex/internal/raftstore"
 	"github.com/kvindex/kvindex/internal/tokenize"
 )
@@ -140,11 +140,11 @@ func (c *Config) Validate() error {
 	if err := rc.Validate(); err != nil {
 		return invalid("%s", raftFlagNames.Replace(strings.TrimPrefix(err.Error(), raftstore.ErrInvalidConfig.Error()+": ")))
 	}
-	if _, err := parseLevel(c.LogLevel); err != nil {
-		return err
+	if _, err := logging.ParseLevel(c.LogLevel); err != nil {
+		return invalid("%v", err)
 	}
-	if c.LogFormat != "text" && c.LogFormat != "json" {
-		return invalid("--log-format=%q must be text or json", c.LogFormat)
+	if err := logging.ValidateFormat(c.LogFormat); err != nil {
+		return invalid("%v", err)
 	}
 	return c.Ingest.Validate()
 }
@@ -329,24 +329,6 @@ func applyConfigFile(cfg *Config, path string) error {
 		}
 	}
 	return nil
-}
-
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, invalid("--log-level=%q must be debug, info, warn or error", s)
-	}
-	return l, nil
-}
-
-// NewLogger returns the logger a validated level and format ask for, writing to w.
-func NewLogger(level, format string, w io.Writer) *slog.Logger {
-	l, _ := parseLevel(level)
-	opts := &slog.HandlerOptions{Level: l}
-	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // BuiltinTokenizer names the byte-level tokenizer in --tokenizer and

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/envflag"
 	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/logging"
 	"github.com/kvindex/kvindex/internal/raftstore"
 )
 
@@ -31,7 +32,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	s, err := New(cfg, NewLogger(cfg.LogLevel, cfg.LogFormat, stderr))
+	s, err := New(cfg, logging.New(cfg.LogLevel, cfg.LogFormat, stderr))
 	if err != nil {
 		return err
 	}
@@ -71,13 +72,13 @@ func relayMain(ctx context.Context, args []string, stderr io.Writer, lookup func
 	if fs.NArg() > 0 {
 		return invalid("relay: unexpected argument %q", fs.Arg(0))
 	}
-	if _, err := parseLevel(level); err != nil {
-		return err
+	if _, err := logging.ParseLevel(level); err != nil {
+		return invalid("relay %v", err)
 	}
-	if format != "text" && format != "json" {
-		return invalid("relay --log-format=%q must be text or json", format)
+	if err := logging.ValidateFormat(format); err != nil {
+		return invalid("relay %v", err)
 	}
-	logger := NewLogger(level, format, stderr)
+	logger := logging.New(level, format, stderr)
 	stats, err := ingest.RunRelay(ctx, cfg, logger)
 	logger.Info("relay stopped", "forwarded", stats.Forwarded, "dropped", stats.Dropped)
 	if err != nil {
