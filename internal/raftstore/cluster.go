@@ -54,7 +54,7 @@ func (n *Node) Cluster() (ClusterStatus, error) {
 		State:        n.raft.State().String(),
 		Term:         n.raft.CurrentTerm(),
 		CommitIndex:  n.raft.CommitIndex(),
-		AppliedIndex: n.raft.AppliedIndex(),
+		AppliedIndex: n.AppliedIndex(),
 		LastIndex:    n.raft.LastIndex(),
 	}
 	st.LeaderID, st.LeaderAddr = n.Leader()
@@ -137,7 +137,7 @@ func (n *Node) Join(ctx context.Context, id, raftAddr, grpcAddr string, voter bo
 		index = i
 	}
 	if index == 0 {
-		index = n.raft.AppliedIndex()
+		index = n.AppliedIndex()
 	}
 	return index, nil
 }

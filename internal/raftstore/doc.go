@@ -33,7 +33,8 @@
 //
 // # Reads
 //
-// Reads are local: Index() on any replica, as of AppliedIndex(). WaitApplied gives
+// Reads are local: Index() on any replica, as of AppliedIndex(), which the FSM
+// keeps (raft's own applied index runs ahead of Apply). WaitApplied gives
 // read-your-writes on any replica; LinearizableBarrier (leader only) makes the next
 // local read linearizable.
 //

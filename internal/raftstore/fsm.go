@@ -89,7 +89,12 @@ type fsm struct {
 	tombstones map[string]uint64 // guarded by mu
 	members    map[string]string // node id -> gRPC address; guarded by mu
 
-	lastIndex atomic.Uint64 // last command entry applied
+	// lastIndex is the last command entry whose Apply has returned, or the one a
+	// restored snapshot was taken after. raft's own AppliedIndex runs ahead of it:
+	// raft counts an entry applied once it is queued for this FSM.
+	lastIndex atomic.Uint64
+	appliedMu sync.Mutex
+	appliedCh chan struct{} // closed and replaced when lastIndex moves; guarded by appliedMu
 	stopErr   atomic.Pointer[error]
 	stopped   chan struct{} // closed when the FSM stops
 }
@@ -100,8 +105,23 @@ func newFSM(applier *ingest.Applier, log *slog.Logger, m *metrics, onWorkers fun
 	return &fsm{
 		applier: applier, log: log, metrics: m, onWorkers: onWorkers, onBatch: onBatch,
 		workers: map[string]ingest.WorkerSpec{}, tombstones: map[string]uint64{}, members: map[string]string{},
-		stopped: make(chan struct{}),
+		stopped: make(chan struct{}), appliedCh: make(chan struct{}),
 	}
+}
+
+func (f *fsm) setApplied(index uint64) {
+	f.lastIndex.Store(index)
+	f.appliedMu.Lock()
+	close(f.appliedCh)
+	f.appliedCh = make(chan struct{})
+	f.appliedMu.Unlock()
+}
+
+// appliedChanged is closed the next time lastIndex moves.
+func (f *fsm) appliedChanged() <-chan struct{} {
+	f.appliedMu.Lock()
+	defer f.appliedMu.Unlock()
+	return f.appliedCh
 }
 
 // Apply applies one committed entry.
@@ -114,7 +134,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 		if errors.Is(err, ErrUnknownEntryType) && e.Ignorable {
 			f.metrics.ignoredEntries.Inc()
 			f.log.Warn("skipping log entry of unknown ignorable type", "index", l.Index, "type", e.Type)
-			f.lastIndex.Store(l.Index)
+			f.setApplied(l.Index)
 			return ApplyResult{}
 		}
 		return ApplyResult{Err: f.stop(fmt.Errorf("log index %d: %w", l.Index, err))}
@@ -136,7 +156,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 		delete(f.members, e.ID)
 		f.mu.Unlock()
 	}
-	f.lastIndex.Store(l.Index)
+	f.setApplied(l.Index)
 	return res
 }
 
@@ -292,7 +312,10 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	return s, nil
 }
 
-// Restore replaces the whole state with a snapshot's.
+// Restore replaces the whole state with a snapshot's. The snapshot's applied index
+// becomes lastIndex; raft's index for the snapshot may be later, past entries that
+// never reach Apply (see Node.AppliedIndex). A version 1 snapshot has none, so
+// lastIndex stays 0 until the next command entry.
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	st, err := readSnapshot(rc, f.applier.Index())
@@ -304,6 +327,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.workers, f.tombstones, f.members = st.workers, st.tombstones, st.members
 	list := f.workerListLocked()
 	f.mu.Unlock()
+	f.setApplied(st.applied)
 	f.notifyWorkers(list)
 	return nil
 }

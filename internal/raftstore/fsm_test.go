@@ -2,8 +2,10 @@ package raftstore
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"reflect"
@@ -302,6 +304,9 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(dst.tombstones, src.tombstones) || !reflect.DeepEqual(dst.memberAddrs(), src.memberAddrs()) {
 		t.Error("restored tombstones or member addresses differ")
 	}
+	if dst.lastIndex.Load() != 5 {
+		t.Errorf("restored applied index %d, want 5 (the last entry of the snapshot's state)", dst.lastIndex.Load())
+	}
 	// Both go on identically.
 	for _, f := range []*fsm{src, dst} {
 		applyEntry(t, f, 6, batchesEntry(next...))
@@ -312,6 +317,34 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	}
 	if again := snapshotBytes(t, dst); !bytes.Equal(again, snapshotBytes(t, src)) {
 		t.Error("snapshots of the two states differ")
+	}
+}
+
+// TestRestoreReadsVersion1Snapshots restores a snapshot in the format before the
+// applied index was added: the state is the same, the applied index unknown (0).
+func TestRestoreReadsVersion1Snapshots(t *testing.T) {
+	src, _ := populatedFSM(t)
+	v2 := snapshotBytes(t, src)
+	state := encodeState(src.lastIndex.Load(), src.workers, src.tombstones, src.members, src.applier.Cursors())
+	v2Head := len(snapshotMagic) + 1 + len(binary.AppendUvarint(nil, uint64(len(state)))) + len(state) + 4
+	_, appliedLen := binary.Uvarint(state)
+	state1 := state[appliedLen:]
+	v1 := append([]byte(snapshotMagic), 1)
+	v1 = binary.AppendUvarint(v1, uint64(len(state1)))
+	v1 = append(v1, state1...)
+	v1 = binary.LittleEndian.AppendUint32(v1, crc32.Checksum(state1, castagnoli))
+	v1 = append(v1, v2[v2Head:]...)
+
+	dst := newTestFSM(t, nil)
+	if err := dst.Restore(io.NopCloser(bytes.NewReader(v1))); err != nil {
+		t.Fatal(err)
+	}
+	if dst.applier.Index().Digest() != src.applier.Index().Digest() || !reflect.DeepEqual(dst.Workers(), src.Workers()) ||
+		!reflect.DeepEqual(dst.applier.Cursors(), src.applier.Cursors()) {
+		t.Error("the state restored from a version 1 snapshot differs")
+	}
+	if dst.lastIndex.Load() != 0 {
+		t.Errorf("applied index %d from a version 1 snapshot, want 0 (unknown)", dst.lastIndex.Load())
 	}
 }
 
@@ -327,6 +360,7 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 		{"empty", nil},
 		{"bad magic", mutate(func(b []byte) []byte { b[0] = 'X'; return b })},
 		{"newer version", mutate(func(b []byte) []byte { b[len(snapshotMagic)] = snapshotVersion + 1; return b })},
+		{"version 0", mutate(func(b []byte) []byte { b[len(snapshotMagic)] = 0; return b })},
 		{"state bit flip", mutate(func(b []byte) []byte { b[stateLen+4] ^= 1; return b })},
 		{"truncated state", good[:stateLen+8]},
 		{"index bit flip", mutate(func(b []byte) []byte { b[len(b)-10] ^= 0x40; return b })},

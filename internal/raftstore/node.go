@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -67,6 +68,8 @@ type Node struct {
 	raft      *raft.Raft
 	transport *raft.NetworkTransport
 	store     *raftboltdb.BoltStore
+	logs      raft.LogStore // store, behind the log cache when there is one
+	inertTail atomic.Pointer[inertTail]
 	snapshots *raft.FileSnapshotStore
 
 	sessMu      sync.Mutex
@@ -151,9 +154,9 @@ func NewNode(cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	closers = append(closers, n.store)
-	var logs raft.LogStore = n.store
+	n.logs = n.store
 	if cfg.LogCacheSize > 0 {
-		if logs, err = raft.NewLogCache(cfg.LogCacheSize, n.store); err != nil {
+		if n.logs, err = raft.NewLogCache(cfg.LogCacheSize, n.store); err != nil {
 			return nil, fmt.Errorf("raftstore: log cache: %w", err)
 		}
 	}
@@ -178,11 +181,11 @@ func NewNode(cfg Config) (_ *Node, err error) {
 	n.fsm.beforeBatch, n.fsm.onRemoved = cfg.BeforeBatch, cfg.OnWorkerRemoved
 	rc := cfg.raftConfig()
 	rc.Logger = newHCLogger(log, "raft")
-	hasState, err := raft.HasExistingState(logs, n.store, n.snapshots)
+	hasState, err := raft.HasExistingState(n.logs, n.store, n.snapshots)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: reading raft state: %w", err)
 	}
-	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, n.snapshots, n.transport)
+	n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.store, n.snapshots, n.transport)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: starting raft: %w", err)
 	}
@@ -244,7 +247,7 @@ func (n *Node) leaderLoop() {
 		n.setSession(s)
 		n.metrics.leaderSessions.Inc()
 		n.log.Info("leading: accepting stream batches", "term", term, "barrier", time.Since(start),
-			"applied_index", n.raft.AppliedIndex())
+			"applied_index", n.AppliedIndex())
 		n.publishOwnAddr(s.ctx)
 		cause := n.awaitSessionEnd(s)
 		n.setSession(nil)
@@ -415,22 +418,94 @@ func (n *Node) Err() error { return n.fsm.err() }
 // Done is closed when the node has shut down (Shutdown, or on its own: see Err).
 func (n *Node) Done() <-chan struct{} { return n.stopped }
 
-// AppliedIndex is the last log index applied on this node.
-func (n *Node) AppliedIndex() uint64 { return n.raft.AppliedIndex() }
+// AppliedIndex is the last log index applied on this node: Index() holds every
+// entry up to it and none after.
+//
+// raft's own AppliedIndex is not that: raft counts an entry applied once it is
+// queued for the FSM, before Apply has run. This node's FSM records the last
+// command entry Apply returned from; raft's other entries (no-ops, barriers,
+// configuration changes) never reach Apply and change nothing in the FSM, so the
+// applied index extends over those of them that follow it, up to raft's.
+func (n *Node) AppliedIndex() uint64 {
+	applied, queued := n.fsm.lastIndex.Load(), n.raft.AppliedIndex()
+	if applied >= queued {
+		return applied
+	}
+	from := applied
+	if t := n.inertTail.Load(); t != nil && t.applied == applied && t.through <= queued {
+		if t.queued == queued && t.final {
+			return t.through
+		}
+		from = t.through
+	}
+	t := n.scanInertTail(applied, from, queued)
+	n.inertTail.Store(t)
+	return t.through
+}
+
+// inertTail says that the log entries after applied up to through are not
+// commands: applying them changed nothing in the FSM.
+type inertTail struct {
+	applied, queued, through uint64
+	final                    bool // through is as far as the log allows up to queued
+}
+
+// maxInertScan bounds the log entries one AppliedIndex call reads: a longer run
+// of non-command entries is gone through over several calls.
+const maxInertScan = 64
+
+// scanInertTail extends the run of non-command entries after from, up to queued.
+// Entries before the log's first index were compacted after a snapshot that
+// covers them, so the FSM holds them already.
+func (n *Node) scanInertTail(applied, from, queued uint64) *inertTail {
+	t := &inertTail{applied: applied, queued: queued, through: from}
+	if first, err := n.logs.FirstIndex(); err == nil && first > t.through+1 {
+		t.through = min(first-1, queued)
+	}
+	var l raft.Log
+	for range maxInertScan {
+		if t.through == queued {
+			t.final = true
+			return t
+		}
+		if err := n.logs.GetLog(t.through+1, &l); err != nil {
+			return t
+		}
+		if l.Type == raft.LogCommand {
+			t.final = true
+			return t
+		}
+		t.through++
+	}
+	return t
+}
+
+// inertPoll is how often WaitApplied looks again when what it waits for may be
+// only entries raft applies without the FSM, of which it hears nothing.
+const inertPoll = 5 * time.Millisecond
 
 // WaitApplied waits until this node has applied index (read-your-writes on any
 // replica: pass the index a write returned).
 func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
-	for d := 100 * time.Microsecond; n.raft.AppliedIndex() < index; d = min(2*d, 10*time.Millisecond) {
+	var poll *time.Ticker
+	for {
+		changed := n.fsm.appliedChanged()
+		if n.AppliedIndex() >= index {
+			return nil
+		}
+		if poll == nil {
+			poll = time.NewTicker(inertPoll)
+			defer poll.Stop()
+		}
 		select {
-		case <-time.After(d):
+		case <-changed:
+		case <-poll.C:
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-n.closing:
 			return ErrShutdown
 		}
 	}
-	return nil
 }
 
 // LinearizableBarrier returns once this node's state reflects every write committed

@@ -712,3 +712,90 @@ func TestSecondNodeOnADataDirInUseFails(t *testing.T) {
 		t.Errorf("NewNode on a data dir in use: %v, want ErrDataDirInUse naming %s", err, cfg.DataDir)
 	}
 }
+
+// TestAppliedIndexWaitsForTheFSM holds the FSM inside the apply of a committed
+// entry: raft already counts the entry applied (it has queued it for the FSM),
+// but AppliedIndex, WaitApplied and LinearizableBarrier must not report it
+// before Apply has returned, since Index() does not hold it yet.
+func TestAppliedIndexWaitsForTheFSM(t *testing.T) {
+	entered := make(chan uint64, 1)
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	cfg := testConfig()
+	cfg.NodeID, cfg.DataDir, cfg.RaftAddr, cfg.Bootstrap = "solo", t.TempDir(), "127.0.0.1:0", true
+	cfg.BeforeBatch = func(index uint64, _ *ingest.StreamBatch) {
+		select {
+		case entered <- index:
+			<-release
+		default:
+		}
+	}
+	n, err := NewNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Shutdown(context.Background())
+	defer releaseOnce.Do(func() { close(release) })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for !n.IsLeader() {
+		if ctx.Err() != nil {
+			t.Fatal("a bootstrapped single node did not become leader")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := n.RegisterWorker(ctx, sampleWorker()); err != nil {
+		t.Fatal(err)
+	}
+	before := n.AppliedIndex()
+	ref := ingest.NewApplier(radix.New(radix.Config{}))
+	for _, b := range genBatches(testStreams(2), 40, 4) {
+		if err := n.Submit(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		ref.Apply(b)
+	}
+	var held uint64
+	select {
+	case held = <-entered:
+	case <-ctx.Done():
+		t.Fatal("no stream batch reached the FSM")
+	}
+	for n.raft.AppliedIndex() < held {
+		if ctx.Err() != nil {
+			t.Fatal("raft did not count the held entry applied")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := n.AppliedIndex(); got >= held || got < before {
+		t.Errorf("AppliedIndex %d while the FSM is held in entry %d (raft says %d), want %d..%d",
+			got, held, n.raft.AppliedIndex(), before, held-1)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	if err := n.WaitApplied(short, held); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("WaitApplied(%d) while the FSM is held in it: %v, want it to wait", held, err)
+	}
+	cancelShort()
+	short, cancelShort = context.WithTimeout(ctx, 50*time.Millisecond)
+	if err := n.LinearizableBarrier(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("LinearizableBarrier while the FSM is held in entry %d: %v, want it to wait", held, err)
+	}
+	cancelShort()
+
+	releaseOnce.Do(func() { close(release) })
+	if err := n.WaitApplied(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.LinearizableBarrier(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n.Index().Digest() != ref.Index().Digest() {
+		t.Error("index differs from the batches applied directly")
+	}
+	if got, last := n.AppliedIndex(), n.raft.LastIndex(); got != last {
+		t.Errorf("AppliedIndex %d after the barrier, want the last log index %d", got, last)
+	}
+}

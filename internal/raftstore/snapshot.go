@@ -18,20 +18,22 @@ import (
 	"github.com/kvindex/kvindex/internal/radix"
 )
 
-// Snapshot format, version 1 (integers and strings as in the log entry format):
+// Snapshot format, version 2 (integers and strings as in the log entry format):
 //
 //	magic "kvixraft", version
 //	state length, state, CRC-32C (Castagnoli) of state, 4 bytes little-endian
-//	   state = workers: count, each as in EntryRegisterWorker, ascending id
+//	   state = applied: log index of the last command entry applied
+//	           workers: count, each as in EntryRegisterWorker, ascending id
 //	           tombstones: count, (worker id, log index), ascending id
 //	           members: count, (node id, gRPC address), ascending id
 //	           cursors: count, (worker, dp rank, seq, epoch), ascending stream
 //	the radix index snapshot (radix.Index.WriteTo; checksummed on its own)
 //
-// Anything after the index snapshot is not read.
+// Anything after the index snapshot is not read. Version 1 is version 2 without
+// applied; it is still read, as applied 0 (see fsm.Restore).
 const (
 	snapshotMagic   = "kvixraft"
-	snapshotVersion = 1
+	snapshotVersion = 2
 	// maxSnapshotState bounds the state section a reader accepts (a registry of a
 	// million workers with long endpoints stays far below it).
 	maxSnapshotState = 1 << 30
@@ -59,7 +61,7 @@ var _ raft.FSMSnapshot = (*fsmSnapshot)(nil)
 func (f *fsm) capture() (*fsmSnapshot, error) {
 	ix := f.applier.Index().Snapshot()
 	f.mu.RLock()
-	state := encodeState(f.workers, f.tombstones, f.members, f.applier.Cursors())
+	state := encodeState(f.lastIndex.Load(), f.workers, f.tombstones, f.members, f.applier.Cursors())
 	f.mu.RUnlock()
 	head := append([]byte(snapshotMagic), snapshotVersion)
 	head = binary.AppendUvarint(head, uint64(len(state)))
@@ -83,8 +85,8 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 // Release drops the captured state.
 func (s *fsmSnapshot) Release() { s.head, s.index = nil, nil }
 
-func encodeState(workers map[string]ingest.WorkerSpec, tombstones map[string]uint64, members map[string]string, cursors map[ingest.Stream]ingest.Cursor) []byte {
-	var b []byte
+func encodeState(applied uint64, workers map[string]ingest.WorkerSpec, tombstones map[string]uint64, members map[string]string, cursors map[ingest.Stream]ingest.Cursor) []byte {
+	b := binary.AppendUvarint(nil, applied)
 	b = binary.AppendUvarint(b, uint64(len(workers)))
 	for _, id := range slices.Sorted(maps.Keys(workers)) {
 		w := workers[id]
@@ -114,6 +116,7 @@ func compareStreams(a, b ingest.Stream) int {
 
 // snapshotState is the part of a snapshot beside the index.
 type snapshotState struct {
+	applied    uint64
 	workers    map[string]ingest.WorkerSpec
 	tombstones map[string]uint64
 	members    map[string]string
@@ -133,8 +136,8 @@ func readSnapshot(r io.Reader, ix *radix.Index) (snapshotState, error) {
 		return st, fmt.Errorf("%w: bad magic %q", ErrCorruptSnapshot, magic)
 	}
 	version, err := binary.ReadUvarint(br)
-	if err != nil || version != snapshotVersion {
-		return st, fmt.Errorf("%w: version %d (err %v), this node reads %d", ErrCorruptSnapshot, version, err, snapshotVersion)
+	if err != nil || version < 1 || version > snapshotVersion {
+		return st, fmt.Errorf("%w: version %d (err %v), this node reads 1 to %d", ErrCorruptSnapshot, version, err, snapshotVersion)
 	}
 	n, err := binary.ReadUvarint(br)
 	if err != nil || n > maxSnapshotState {
@@ -149,7 +152,7 @@ func readSnapshot(r io.Reader, ix *radix.Index) (snapshotState, error) {
 	if got, want := binary.LittleEndian.Uint32(buf.Bytes()[n:]), crc32.Checksum(state, castagnoli); got != want {
 		return st, fmt.Errorf("%w: state checksum %08x, computed %08x", ErrCorruptSnapshot, got, want)
 	}
-	st, err = decodeState(state)
+	st, err = decodeState(state, version)
 	if err != nil {
 		return st, err
 	}
@@ -159,13 +162,16 @@ func readSnapshot(r io.Reader, ix *radix.Index) (snapshotState, error) {
 	return st, nil
 }
 
-func decodeState(data []byte) (snapshotState, error) {
+func decodeState(data []byte, version uint64) (snapshotState, error) {
 	d := entryDecoder{data: data}
 	st := snapshotState{
 		workers:    map[string]ingest.WorkerSpec{},
 		tombstones: map[string]uint64{},
 		members:    map[string]string{},
 		cursors:    map[ingest.Stream]ingest.Cursor{},
+	}
+	if version >= 2 {
+		st.applied = d.uvarint("applied index")
 	}
 	for i, n := 0, d.count(11, "worker count"); i < n && d.err == nil; i++ {
 		w := d.worker()
