@@ -21,7 +21,7 @@ build: deps
 test: deps
 	./scripts/fetch-tokenizers.sh
 	$(GO) vet ./...
-	$(GO) test -race -timeout $(TEST_TIMEOUT) $(RACE_PKGS)
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(RACE_PKGS)
 
 # Long soak and fault runs (minutes each); not part of `make test`.
 test-long: deps
