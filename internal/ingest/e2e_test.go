@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
@@ -68,11 +67,7 @@ func TestIndexEqualsUnionOfEngineCaches(t *testing.T) {
 		c := engineConfig()
 		c.DataParallelSize = 2
 		c.NumCPUBlocks = 16
-		// "*" makes the engine bind (vLLM's rule); rank r binds port+r.
-		ports := consecutivePorts(t, 4) // events on the first two, replay on the last two
-		c.KVEventsEndpoint = fmt.Sprintf("tcp://*:%d", ports)
-		c.KVEventsReplayEndpoint = fmt.Sprintf("tcp://*:%d", ports+2)
-		return startEngine(t, c)
+		return startEngineOnFreePorts(t, c)
 	}()
 	lora := func() *fakeengine.Engine {
 		c := engineConfig()

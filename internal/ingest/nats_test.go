@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -66,10 +65,7 @@ func TestNATSRelayKeepsTheIndexEqualToTheEngines(t *testing.T) {
 		c.DataParallelSize = 2
 		c.NumCPUBlocks = 16
 		c.KVEventsWire = fakeengine.WireArray
-		ports := consecutivePorts(t, 4) // events on the first two, replay on the last two
-		c.KVEventsEndpoint = fmt.Sprintf("tcp://*:%d", ports)
-		c.KVEventsReplayEndpoint = fmt.Sprintf("tcp://*:%d", ports+2)
-		return startEngine(t, c)
+		return startEngineOnFreePorts(t, c)
 	}()
 	// One relay names the model, the other leaves it to the topic.
 	startRelay(t, url, "w1", dropping.Config().Model, dropping)

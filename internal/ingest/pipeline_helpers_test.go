@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -238,35 +237,20 @@ func startEngine(t *testing.T, cfg fakeengine.Config) *fakeengine.Engine {
 	return e
 }
 
-// consecutivePorts finds n consecutive free loopback ports (for engines with
-// several dp ranks, whose rank r must listen on port+r).
-func consecutivePorts(t *testing.T, n int) int {
+// startEngineOnFreePorts starts an engine with several dp ranks, rank r binding
+// port+r for events and replay.
+func startEngineOnFreePorts(t *testing.T, cfg fakeengine.Config) *fakeengine.Engine {
 	t.Helper()
-	for attempt := 0; attempt < 50; attempt++ {
-		first, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		base := first.Addr().(*net.TCPAddr).Port
-		held := []net.Listener{first}
-		ok := base+n-1 <= 65535
-		for i := 1; ok && i < n; i++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			held = append(held, l)
-		}
-		for _, l := range held {
-			l.Close()
-		}
-		if ok {
-			return base
-		}
+	e, err := fakeengine.StartOnFreePorts(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("no %d consecutive free ports", n)
-	return 0
+	t.Cleanup(func() {
+		if err := e.Close(); err != nil {
+			t.Errorf("engine close: %v", err)
+		}
+	})
+	return e
 }
 
 // connectSpec is the --worker spec of an engine whose PUB and ROUTER sockets bind.

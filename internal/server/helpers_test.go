@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -77,55 +76,24 @@ func startEngineFor(t *testing.T, es engineSpec) *fakeengine.Engine {
 	c.Port = 0
 	c.KVEventsEndpoint = "tcp://127.0.0.1:*"
 	c.KVEventsReplayEndpoint = "tcp://127.0.0.1:*"
-	if es.dp > 1 { // rank r listens on the base port + r
-		base := portRange(t, 2*es.dp)
-		c.KVEventsEndpoint = fmt.Sprintf("tcp://*:%d", base)
-		c.KVEventsReplayEndpoint = fmt.Sprintf("tcp://*:%d", base+es.dp)
-	}
 	c.TimeScale = 0
 	c.BlockSize = 4
 	c.NumGPUBlocks = es.gpuBlocks
 	c.NumCPUBlocks = es.cpuBlocks
 	c.DataParallelSize = es.dp
 	c.BlockHashSeed = 99
-	e, err := fakeengine.New(c, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
+	var e *fakeengine.Engine
+	var err error
+	if es.dp > 1 { // rank r listens on the base port + r
+		e, err = fakeengine.StartOnFreePorts(c, slog.New(slog.DiscardHandler))
+	} else if e, err = fakeengine.New(c, slog.New(slog.DiscardHandler)); err == nil {
+		err = e.Start()
 	}
-	if err := e.Start(); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
 	return e
-}
-
-// portRange returns the first of n consecutive loopback ports that were free.
-func portRange(t *testing.T, n int) int {
-	t.Helper()
-	for range 50 {
-		var held []net.Listener
-		first, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, first)
-		base := first.Addr().(*net.TCPAddr).Port
-		for i := 1; i < n; i++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
-			if err != nil {
-				break
-			}
-			held = append(held, l)
-		}
-		for _, l := range held {
-			l.Close()
-		}
-		if len(held) == n {
-			return base
-		}
-	}
-	t.Fatalf("no %d consecutive free ports", n)
-	return 0
 }
 
 func workerFlagFor(t *testing.T, name string, e *fakeengine.Engine) ingest.WorkerSpec {
