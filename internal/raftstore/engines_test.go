@@ -3,10 +3,8 @@ package raftstore
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"os"
 	"slices"
 	"strings"
@@ -212,12 +210,6 @@ func startFakeEngine(t *testing.T, dpSize int) *fakeengine.Engine {
 	cfg.Port = 0
 	cfg.KVEventsEndpoint = "tcp://127.0.0.1:*"
 	cfg.KVEventsReplayEndpoint = "tcp://127.0.0.1:*"
-	if dpSize > 1 {
-		// Ranks publish on consecutive ports: let the engine bind them ("*" host).
-		p := freePorts(t, 2*dpSize)
-		cfg.KVEventsEndpoint = fmt.Sprintf("tcp://*:%d", p)
-		cfg.KVEventsReplayEndpoint = fmt.Sprintf("tcp://*:%d", p+dpSize)
-	}
 	cfg.DataParallelSize = dpSize
 	cfg.TimeScale = 0.2
 	cfg.BlockSize = 4
@@ -226,36 +218,18 @@ func startFakeEngine(t *testing.T, dpSize int) *fakeengine.Engine {
 	cfg.MaxNumSeqs = 8
 	cfg.MaxNumBatchedTokens = 64
 	cfg.DefaultMaxTokens = 4
-	e, err := fakeengine.New(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
+	var e *fakeengine.Engine
+	var err error
+	if dpSize > 1 { // ranks publish on consecutive ports
+		e, err = fakeengine.StartOnFreePorts(cfg, slog.New(slog.DiscardHandler))
+	} else if e, err = fakeengine.New(cfg, slog.New(slog.DiscardHandler)); err == nil {
+		err = e.Start()
 	}
-	if err := e.Start(); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
 	return e
-}
-
-// freePorts finds n consecutive free TCP ports on 127.0.0.1 and returns the first.
-func freePorts(t *testing.T, n int) int {
-	t.Helper()
-	for base := 20000 + rand.IntN(20000); base < 60000; base += n {
-		ok := true
-		for p := base; p < base+n && ok; p++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-			if err != nil {
-				ok = false
-				continue
-			}
-			l.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	t.Fatal("no free port range")
-	return 0
 }
 
 func engineSpec(id string, e *fakeengine.Engine) ingest.WorkerSpec {
