@@ -105,8 +105,8 @@ func NotLeader(err error) (leaderAddr string, ok bool) {
 		return "", false
 	}
 	for _, d := range st.Details() {
-		if info, isInfo := d.(*errdetails.ErrorInfo); isInfo && info.Reason == "NOT_LEADER" {
-			return info.Metadata["leader_addr"], true
+		if info, isInfo := d.(*errdetails.ErrorInfo); isInfo && info.Reason == kvindexv1.NotLeaderReason {
+			return info.Metadata[kvindexv1.LeaderAddrKey], true
 		}
 	}
 	return "", false

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/tokenize"
 )
@@ -67,12 +68,6 @@ func (e *NotLeaderError) Error() string {
 
 // Is makes errors.Is(err, ErrNotLeader) hold.
 func (e *NotLeaderError) Is(target error) bool { return target == ErrNotLeader }
-
-// NotLeaderReason is the errdetails.ErrorInfo reason of a not-leader error.
-const NotLeaderReason = "NOT_LEADER"
-
-// ErrorDomain is the errdetails.ErrorInfo domain of kvindex errors.
-const ErrorDomain = "kvindex.io"
 
 // errorClass is one row of the error table.
 type errorClass struct {
@@ -133,8 +128,8 @@ func grpcError(err error) error {
 	var nl *NotLeaderError
 	if errors.As(err, &nl) {
 		if withInfo, derr := st.WithDetails(&errdetails.ErrorInfo{
-			Reason: NotLeaderReason, Domain: ErrorDomain,
-			Metadata: map[string]string{"leader_id": nl.LeaderID, "leader_addr": nl.LeaderAddr},
+			Reason: kvindexv1.NotLeaderReason, Domain: kvindexv1.ErrorDomain,
+			Metadata: map[string]string{kvindexv1.LeaderIDKey: nl.LeaderID, kvindexv1.LeaderAddrKey: nl.LeaderAddr},
 		}); derr == nil {
 			st = withInfo
 		}

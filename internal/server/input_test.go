@@ -215,7 +215,7 @@ func TestErrorTableMapsEverySentinel(t *testing.T) {
 			info = i
 		}
 	}
-	if info == nil || info.Reason != NotLeaderReason || info.Metadata["leader_addr"] != "10.0.0.2:7070" {
+	if info == nil || info.Reason != kvindexv1.NotLeaderReason || info.Metadata["leader_addr"] != "10.0.0.2:7070" {
 		t.Errorf("not-leader details = %v", st.Details())
 	}
 	rec := &headerRecorder{header: http.Header{}}

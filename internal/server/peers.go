@@ -124,8 +124,8 @@ func fromRemote(addr string, err error) error {
 		return &remoteError{kind: ErrUnavailable, msg: fmt.Sprintf("member %s: %v", addr, err)}
 	}
 	for _, d := range st.Details() {
-		if info, isInfo := d.(*errdetails.ErrorInfo); isInfo && info.Reason == NotLeaderReason {
-			return &NotLeaderError{LeaderID: info.Metadata["leader_id"], LeaderAddr: info.Metadata["leader_addr"]}
+		if info, isInfo := d.(*errdetails.ErrorInfo); isInfo && info.Reason == kvindexv1.NotLeaderReason {
+			return &NotLeaderError{LeaderID: info.Metadata[kvindexv1.LeaderIDKey], LeaderAddr: info.Metadata[kvindexv1.LeaderAddrKey]}
 		}
 	}
 	kind, known := statusKinds[st.Code()]
