@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 )
 
 type syncBuffer struct {
@@ -39,22 +39,7 @@ func (b *syncBuffer) String() string {
 
 func startEngine(t *testing.T) *fakeengine.Engine {
 	t.Helper()
-	c := fakeengine.DefaultConfig()
-	c.Port = 0
-	c.KVEventsEndpoint = "tcp://127.0.0.1:*"
-	c.KVEventsReplayEndpoint = "tcp://127.0.0.1:*"
-	c.TimeScale = 0
-	c.BlockSize = 4
-	c.NumGPUBlocks = 32
-	e, err := fakeengine.New(c, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
+	return fakeenginetest.Start(t, fakeenginetest.Config())
 }
 
 // startIndexer runs the binary's run() with args and returns its HTTP base URL

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 )
 
 // bindEngine starts an engine that connects its PUB socket to the Manager's bind
@@ -15,7 +16,7 @@ func bindEngine(t *testing.T, p *pipeline, mutate func(*fakeengine.Config)) *fak
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	return startEngine(t, cfg)
+	return fakeenginetest.Start(t, cfg)
 }
 
 // topicWorkerID is the worker id bind mode derives from an engine's topic.
@@ -55,24 +56,24 @@ func TestIndexEqualsUnionOfEngineCaches(t *testing.T) {
 	cfg.ZMQBind = "tcp://127.0.0.1:*"
 	p := startPipeline(t, cfg)
 
-	plain := startEngine(t, engineConfig())
+	plain := fakeenginetest.Start(t, engineConfig())
 	legacy := func() *fakeengine.Engine {
 		c := engineConfig()
 		c.KVEventsWire = fakeengine.WireArray
 		c.ReplayLayout = fakeengine.ReplayLegacy
 		c.NumCPUBlocks = 24
-		return startEngine(t, c)
+		return fakeenginetest.Start(t, c)
 	}()
 	dataParallel := func() *fakeengine.Engine {
 		c := engineConfig()
 		c.DataParallelSize = 2
 		c.NumCPUBlocks = 16
-		return startEngineOnFreePorts(t, c)
+		return fakeenginetest.Start(t, c)
 	}()
 	lora := func() *fakeengine.Engine {
 		c := engineConfig()
 		c.LoRAModules = []string{"sql-adapter", "chat-adapter"}
-		return startEngine(t, c)
+		return fakeenginetest.Start(t, c)
 	}()
 	connected := []followed{{"plain", plain}, {"legacy", legacy}, {"dp", dataParallel}, {"lora", lora}}
 	for _, f := range connected {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 )
 
 // droppedSeqs counts the seqs in (after, last] that an engine dropping every nth
@@ -58,12 +59,12 @@ func TestDroppedBatchesAreReplayed(t *testing.T) {
 	cfg.ZMQBind = "tcp://127.0.0.1:*"
 	p := startPipeline(t, cfg)
 
-	plain := startEngine(t, engineConfig())
+	plain := fakeenginetest.Start(t, engineConfig())
 	legacy := func() *fakeengine.Engine {
 		c := engineConfig()
 		c.ReplayLayout = fakeengine.ReplayLegacy
 		c.NumCPUBlocks = 16
-		return startEngine(t, c)
+		return fakeenginetest.Start(t, c)
 	}()
 	viaBind := bindEngine(t, p, nil)
 	bindID := topicWorkerID(t, viaBind)
@@ -127,8 +128,8 @@ func TestDroppedBatchesAreReplayed(t *testing.T) {
 
 func TestEngineRestartLeavesNoBlockOfTheOldStream(t *testing.T) {
 	p := startPipeline(t, testManagerConfig())
-	restarted := startEngine(t, engineConfig())
-	steady := startEngine(t, engineConfig())
+	restarted := fakeenginetest.Start(t, engineConfig())
+	steady := fakeenginetest.Start(t, engineConfig())
 	engines := []followed{{"restarted", restarted}, {"steady", steady}}
 	for _, f := range engines {
 		if err := p.mgr.AddWorker(connectSpec(f.worker, f.engine)); err != nil {

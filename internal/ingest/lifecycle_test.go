@@ -8,15 +8,17 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 )
 
 // Run is called again and again (a node that loses and regains Raft leadership):
 // every Run stops every goroutine and socket it started, and the next one resumes
 // each stream from the index's cursors, replaying what was published meanwhile.
 func TestRunStopsCleanlyAndResumesFromCursors(t *testing.T) {
-	first := startEngine(t, engineConfig())
-	second := startEngine(t, engineConfig())
-	viaFile := startEngine(t, engineConfig())
+	first := fakeenginetest.Start(t, engineConfig())
+	second := fakeenginetest.Start(t, engineConfig())
+	viaFile := fakeenginetest.Start(t, engineConfig())
 	dir := t.TempDir()
 	file := filepath.Join(dir, "workers.yaml")
 	writeWorkersFile(t, file, connectSpec("from-file", viaFile))
@@ -116,7 +118,7 @@ func TestIdleStreamIsCaughtUpByReplay(t *testing.T) {
 	p := startPipeline(t, cfg)
 	ecfg := engineConfig()
 	ecfg.Faults.DropEveryNBatches = 1
-	silent := startEngine(t, ecfg)
+	silent := fakeenginetest.Start(t, ecfg)
 	if err := p.mgr.AddWorker(connectSpec("silent", silent)); err != nil {
 		t.Fatal(err)
 	}
@@ -156,8 +158,8 @@ func writeWorkersFile(t *testing.T, path string, specs ...WorkerSpec) {
 // Adding a worker to the workers file subscribes to it; removing it stops the
 // subscription and drops its blocks.
 func TestWorkersFileReloadStartsAndStopsSubscriptions(t *testing.T) {
-	a := startEngine(t, engineConfig())
-	b := startEngine(t, engineConfig())
+	a := fakeenginetest.Start(t, engineConfig())
+	b := fakeenginetest.Start(t, engineConfig())
 	file := filepath.Join(t.TempDir(), "workers.yaml")
 	writeWorkersFile(t, file, connectSpec("a", a))
 	cfg := testManagerConfig()

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 	"github.com/kvindex/kvindex/internal/kvblock"
 	"github.com/kvindex/kvindex/internal/radix"
 )
@@ -59,13 +60,13 @@ func TestNATSRelayKeepsTheIndexEqualToTheEngines(t *testing.T) {
 	cfg.NATSURL = url
 	p := startPipeline(t, cfg)
 
-	dropping := startEngine(t, engineConfig())
+	dropping := fakeenginetest.Start(t, engineConfig())
 	dataParallel := func() *fakeengine.Engine {
 		c := engineConfig()
 		c.DataParallelSize = 2
 		c.NumCPUBlocks = 16
 		c.KVEventsWire = fakeengine.WireArray
-		return startEngineOnFreePorts(t, c)
+		return fakeenginetest.Start(t, c)
 	}()
 	// One relay names the model, the other leaves it to the topic.
 	startRelay(t, url, "w1", dropping.Config().Model, dropping)

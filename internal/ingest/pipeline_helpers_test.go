@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 	"github.com/kvindex/kvindex/internal/kvblock"
 	"github.com/kvindex/kvindex/internal/radix"
 )
@@ -207,50 +208,12 @@ func (b *syncBuffer) String() string {
 // engineConfig is a small fake vLLM engine that never sleeps, binds its HTTP, PUB
 // and ROUTER sockets to free loopback ports, and evicts often.
 func engineConfig() fakeengine.Config {
-	c := fakeengine.DefaultConfig()
-	c.Port = 0
-	c.KVEventsEndpoint = "tcp://127.0.0.1:*"
-	c.KVEventsReplayEndpoint = "tcp://127.0.0.1:*"
-	c.TimeScale = 0
-	c.BlockSize = 4
+	c := fakeenginetest.Config()
 	c.NumGPUBlocks = 48
 	c.MaxNumSeqs = 8
 	c.MaxNumBatchedTokens = 64
 	c.DefaultMaxTokens = 4
 	return c
-}
-
-func startEngine(t *testing.T, cfg fakeengine.Config) *fakeengine.Engine {
-	t.Helper()
-	e, err := fakeengine.New(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := e.Close(); err != nil {
-			t.Errorf("engine close: %v", err)
-		}
-	})
-	return e
-}
-
-// startEngineOnFreePorts starts an engine with several dp ranks, rank r binding
-// port+r for events and replay.
-func startEngineOnFreePorts(t *testing.T, cfg fakeengine.Config) *fakeengine.Engine {
-	t.Helper()
-	e, err := fakeengine.StartOnFreePorts(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := e.Close(); err != nil {
-			t.Errorf("engine close: %v", err)
-		}
-	})
-	return e
 }
 
 // connectSpec is the --worker spec of an engine whose PUB and ROUTER sockets bind.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
 )
@@ -206,30 +207,15 @@ func TestLeaderKillSoakWithFakeEngines(t *testing.T) {
 
 func startFakeEngine(t *testing.T, dpSize int) *fakeengine.Engine {
 	t.Helper()
-	cfg := fakeengine.DefaultConfig()
-	cfg.Port = 0
-	cfg.KVEventsEndpoint = "tcp://127.0.0.1:*"
-	cfg.KVEventsReplayEndpoint = "tcp://127.0.0.1:*"
+	cfg := fakeenginetest.Config()
 	cfg.DataParallelSize = dpSize
 	cfg.TimeScale = 0.2
-	cfg.BlockSize = 4
 	cfg.NumGPUBlocks = 64
 	cfg.NumCPUBlocks = 32
 	cfg.MaxNumSeqs = 8
 	cfg.MaxNumBatchedTokens = 64
 	cfg.DefaultMaxTokens = 4
-	var e *fakeengine.Engine
-	var err error
-	if dpSize > 1 { // ranks publish on consecutive ports
-		e, err = fakeengine.StartOnFreePorts(cfg, slog.New(slog.DiscardHandler))
-	} else if e, err = fakeengine.New(cfg, slog.New(slog.DiscardHandler)); err == nil {
-		err = e.Start()
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
+	return fakeenginetest.Start(t, cfg)
 }
 
 func engineSpec(id string, e *fakeengine.Engine) ingest.WorkerSpec {

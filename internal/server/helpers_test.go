@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -20,6 +19,7 @@ import (
 	indexerv1 "github.com/kvindex/kvindex/api/proto/indexer/v1"
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/kvblock"
 	"github.com/kvindex/kvindex/internal/radix"
@@ -71,29 +71,13 @@ type fixtureOptions struct {
 
 func startEngineFor(t *testing.T, es engineSpec) *fakeengine.Engine {
 	t.Helper()
-	c := fakeengine.DefaultConfig()
+	c := fakeenginetest.Config()
 	c.Model = testModel
-	c.Port = 0
-	c.KVEventsEndpoint = "tcp://127.0.0.1:*"
-	c.KVEventsReplayEndpoint = "tcp://127.0.0.1:*"
-	c.TimeScale = 0
-	c.BlockSize = 4
 	c.NumGPUBlocks = es.gpuBlocks
 	c.NumCPUBlocks = es.cpuBlocks
 	c.DataParallelSize = es.dp
 	c.BlockHashSeed = 99
-	var e *fakeengine.Engine
-	var err error
-	if es.dp > 1 { // rank r listens on the base port + r
-		e, err = fakeengine.StartOnFreePorts(c, slog.New(slog.DiscardHandler))
-	} else if e, err = fakeengine.New(c, slog.New(slog.DiscardHandler)); err == nil {
-		err = e.Start()
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
+	return fakeenginetest.Start(t, c)
 }
 
 func workerFlagFor(t *testing.T, name string, e *fakeengine.Engine) ingest.WorkerSpec {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -12,27 +11,13 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 	"github.com/kvindex/kvindex/internal/ingest"
 )
 
 func startEngine(t *testing.T) *fakeengine.Engine {
 	t.Helper()
-	c := fakeengine.DefaultConfig()
-	c.Port = 0
-	c.KVEventsEndpoint = "tcp://127.0.0.1:*"
-	c.KVEventsReplayEndpoint = "tcp://127.0.0.1:*"
-	c.TimeScale = 0
-	c.BlockSize = 4
-	c.NumGPUBlocks = 32
-	e, err := fakeengine.New(c, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
+	return fakeenginetest.Start(t, fakeenginetest.Config())
 }
 
 func get(t *testing.T, url string) (int, string) {
