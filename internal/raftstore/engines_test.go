@@ -1,7 +1,6 @@
 package raftstore
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"math/rand/v2"
@@ -15,7 +14,6 @@ import (
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 	"github.com/kvindex/kvindex/internal/ingest"
-	"github.com/kvindex/kvindex/internal/radix"
 )
 
 // TestLeaderKillSoakWithFakeEngines is the leader-kill test with the real
@@ -171,7 +169,11 @@ func TestLeaderKillSoakWithFakeEngines(t *testing.T) {
 		}
 		digest = d
 	}
-	cached := assertHoldsWhatEnginesCache(t, c.live()[0].get().Index(), specs, engines)
+	byID := map[string]*fakeengine.Engine{}
+	for i, e := range engines {
+		byID[specs[i].ID] = e
+	}
+	cached := fakeenginetest.AssertIndexHoldsTruth(t, c.live()[0].get().Index(), byID)
 
 	published := 0
 	for _, seq := range last {
@@ -261,43 +263,4 @@ func engineTraffic(ctx context.Context, e *fakeengine.Engine, seed uint64) (int,
 			return n, err
 		}
 	}
-}
-
-// assertHoldsWhatEnginesCache checks that ix holds exactly the (stream, engine
-// hash, tier) triples the engines cache: on a copy, it removes each one the
-// engines report (each must be there) and then expects nothing left.
-func assertHoldsWhatEnginesCache(t *testing.T, ix *radix.Index, specs []ingest.WorkerSpec, engines []*fakeengine.Engine) int {
-	t.Helper()
-	var buf bytes.Buffer
-	if _, err := ix.WriteTo(&buf); err != nil {
-		t.Fatal(err)
-	}
-	cp := radix.New(radix.Config{})
-	if _, err := cp.ReadFrom(&buf); err != nil {
-		t.Fatal(err)
-	}
-	compared, failures := 0, 0
-	for i, e := range engines {
-		for _, rt := range e.CacheTruth().Ranks {
-			for _, b := range rt.Blocks {
-				for _, name := range b.Tiers {
-					tier := map[string]radix.Tier{"GPU": radix.TierGPU, "CPU": radix.TierCPU}[name]
-					res, err := cp.Removed(ws(specs[i].ID, rt.DPRank), []uint64{b.Hash}, tier)
-					if err != nil || res.Removed != 1 {
-						if failures++; failures <= 10 {
-							t.Errorf("%s/%d: block %x on %s is cached by the engine but not indexed", specs[i].ID, rt.DPRank, b.Hash, name)
-						}
-					}
-					compared++
-				}
-			}
-		}
-	}
-	if compared == 0 {
-		t.Fatal("the engines cache nothing: the comparison would prove nothing")
-	}
-	if st := cp.Stats(); st.Residencies != 0 || st.Detached != 0 {
-		t.Errorf("the index holds %d blocks (%d detached) that no engine caches", st.Residencies, st.Detached)
-	}
-	return compared
 }

@@ -26,8 +26,8 @@ import (
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 	"github.com/kvindex/kvindex/internal/ingest"
-	"github.com/kvindex/kvindex/internal/radix"
 )
 
 // clusterToken is the admin token of test clusters: forwarded writes must carry it.
@@ -303,45 +303,6 @@ func (l *engineLoad) stop(t *testing.T) {
 	}
 }
 
-// assertHoldsTruth checks that ix holds exactly the (stream, block, tier)
-// triples the engines cache: on a copy, it removes each one the engines
-// report (each must be there), then expects nothing left.
-func assertHoldsTruth(t *testing.T, who string, ix *radix.Index, engines map[string]*fakeengine.Engine) int {
-	t.Helper()
-	var buf bytes.Buffer
-	if _, err := ix.WriteTo(&buf); err != nil {
-		t.Fatal(err)
-	}
-	cp := radix.New(radix.Config{})
-	if _, err := cp.ReadFrom(&buf); err != nil {
-		t.Fatal(err)
-	}
-	compared, missing := 0, 0
-	for name, e := range engines {
-		for _, rt := range e.CacheTruth().Ranks {
-			for _, b := range rt.Blocks {
-				for _, tierName := range b.Tiers {
-					tier := map[string]radix.Tier{"GPU": radix.TierGPU, "CPU": radix.TierCPU}[tierName]
-					res, err := cp.Removed(radix.WorkerKey{Worker: name, DPRank: rt.DPRank}, []uint64{b.Hash}, tier)
-					if err != nil || res.Removed != 1 {
-						if missing++; missing <= 5 {
-							t.Errorf("%s: %s/%d block %x on %s is cached by the engine but not indexed", who, name, rt.DPRank, b.Hash, tierName)
-						}
-					}
-					compared++
-				}
-			}
-		}
-	}
-	if compared == 0 {
-		t.Fatal("the engines cache nothing: the comparison would prove nothing")
-	}
-	if st := cp.Stats(); st.Residencies != 0 || st.Detached != 0 {
-		t.Errorf("%s: the index holds %d blocks (%d detached) that no engine caches", who, st.Residencies, st.Detached)
-	}
-	return compared
-}
-
 // counter reads a counter of srv's metrics registry.
 func counter(t *testing.T, srv *Server, name string) float64 {
 	t.Helper()
@@ -408,7 +369,7 @@ func checkReplicas(t *testing.T, c *testCluster, engines map[string]*fakeengine.
 			t.Errorf("%s's index digest differs from %s's", cn.id, live[0].id)
 		}
 	}
-	compared := assertHoldsTruth(t, live[0].id, live[0].srv.Index(), engines)
+	compared := fakeenginetest.AssertIndexHoldsTruth(t, live[0].srv.Index(), engines)
 	leader := c.leader(10 * time.Second)
 	lc, _ := dialNode(t, leader)
 	matched := 0
