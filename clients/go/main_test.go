@@ -12,6 +12,7 @@ import (
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/server"
 	"github.com/kvindex/kvindex/internal/tokenize"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // The tests and examples of this package run against one real single-node
@@ -55,7 +56,7 @@ func startIndexer() (func(), error) {
 		return nil, err
 	}
 	engineURL = engine.URL()
-	spec, err := ingest.ParseWorkerFlag(fmt.Sprintf("id=engine-0,model=%s,endpoint=%s,replay=%s,block-size=4,http=%s",
+	spec, err := workerspec.Parse(fmt.Sprintf("id=engine-0,model=%s,endpoint=%s,replay=%s,block-size=4,http=%s",
 		exampleModel, engine.EventEndpoints()[0], engine.ReplayEndpoints()[0], engine.URL()))
 	if err != nil {
 		return nil, err
@@ -70,7 +71,7 @@ func startIndexer() (func(), error) {
 	cfg.DataDir = dataDir
 	cfg.HTTPAddr, cfg.GRPCAddr, cfg.Raft.RaftAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	cfg.AdminToken = exampleToken
-	cfg.Ingest.Workers = []ingest.WorkerSpec{spec}
+	cfg.Ingest.Workers = []workerspec.Spec{spec}
 	cfg.Ingest.DefaultBlockSize = 4
 	cfg.Ingest.PollInterval = 10 * time.Millisecond
 	cfg.Ingest.IdleReplayInterval = 50 * time.Millisecond

@@ -16,6 +16,7 @@ import (
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/server"
 	"github.com/kvindex/kvindex/internal/tokenize"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 const model = "kvctl/model"
@@ -34,7 +35,7 @@ func startIndexer(t *testing.T, prompt []uint32) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	spec, err := ingest.ParseWorkerFlag(fmt.Sprintf("id=eng,model=%s,endpoint=%s,replay=%s,block-size=4", model, e.EventEndpoints()[0], e.ReplayEndpoints()[0]))
+	spec, err := workerspec.Parse(fmt.Sprintf("id=eng,model=%s,endpoint=%s,replay=%s,block-size=4", model, e.EventEndpoints()[0], e.ReplayEndpoints()[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +44,7 @@ func startIndexer(t *testing.T, prompt []uint32) string {
 	cfg.HTTPAddr, cfg.GRPCAddr, cfg.Raft.RaftAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	cfg.DataDir = t.TempDir()
 	cfg.AdminToken = "tok"
-	cfg.Ingest.Workers = []ingest.WorkerSpec{spec}
+	cfg.Ingest.Workers = []workerspec.Spec{spec}
 	cfg.Ingest.DefaultBlockSize = 4
 	cfg.Ingest.IdleReplayInterval = 50 * time.Millisecond
 	cfg.Tokenizers = tokenize.Specs{{Model: model, Dir: server.BuiltinTokenizer}}

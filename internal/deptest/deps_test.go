@@ -21,9 +21,10 @@ var rules = []struct {
 }{
 	{pkg: "internal/kvblock", stdlibOnly: true, allowThird: []string{"github.com/zeebo/xxh3", "github.com/klauspost/cpuid"}},
 	{pkg: "internal/radix", stdlibOnly: true},
-	{pkg: "internal/ingest", mayImport: []string{"internal/kvblock", "internal/radix"},
+	{pkg: "internal/workerspec", stdlibOnly: true, allowThird: []string{"gopkg.in/yaml.v3"}},
+	{pkg: "internal/ingest", mayImport: []string{"internal/kvblock", "internal/radix", "internal/workerspec"},
 		mustAvoid: []string{"github.com/hashicorp/raft", "google.golang.org/grpc"}},
-	{pkg: "internal/raftstore", mayImport: []string{"internal/kvblock", "internal/radix", "internal/ingest"},
+	{pkg: "internal/raftstore", mayImport: []string{"internal/kvblock", "internal/radix", "internal/ingest", "internal/workerspec"},
 		mustAvoid: []string{"google.golang.org/grpc"}},
 	{pkg: "internal/tokenize", mayImport: nil,
 		mustAvoid: []string{"github.com/hashicorp/raft", "github.com/pebbe/zmq4", "google.golang.org/grpc"}},

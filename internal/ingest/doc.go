@@ -70,7 +70,7 @@
 //
 // # Pipeline
 //
-// A Manager keeps a registry of workers (WorkerSpec: --worker flags, the
+// A Manager keeps a registry of workers (workerspec.Spec: --worker flags, the
 // --workers-file, AddWorker from a registry, and workers discovered on their first
 // event) and, while Run runs, follows every one of them:
 //

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // bindEngine starts an engine that connects its PUB socket to the Manager's bind
@@ -86,7 +87,7 @@ func TestIndexEqualsUnionOfEngineCaches(t *testing.T) {
 	// endpoint (caught up by replay), one discovered from its topic.
 	declared := bindEngine(t, p, func(c *fakeengine.Config) { c.NumCPUBlocks = 16 })
 	declaredID := topicWorkerID(t, declared)
-	if err := p.mgr.AddWorker(WorkerSpec{ID: declaredID, Model: declared.Config().Model, Replay: declared.ReplayEndpoints()[0]}); err != nil {
+	if err := p.mgr.AddWorker(workerspec.Spec{ID: declaredID, Model: declared.Config().Model, Replay: declared.ReplayEndpoints()[0]}); err != nil {
 		t.Fatal(err)
 	}
 	discovered := bindEngine(t, p, func(c *fakeengine.Config) { c.KVEventsReplayEndpoint = "" })

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // droppedSeqs counts the seqs in (after, last] that an engine dropping every nth
@@ -74,7 +75,7 @@ func TestDroppedBatchesAreReplayed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := p.mgr.AddWorker(WorkerSpec{ID: bindID, Model: viaBind.Config().Model, Replay: viaBind.ReplayEndpoints()[0]}); err != nil {
+	if err := p.mgr.AddWorker(workerspec.Spec{ID: bindID, Model: viaBind.Config().Model, Replay: viaBind.ReplayEndpoints()[0]}); err != nil {
 		t.Fatal(err)
 	}
 

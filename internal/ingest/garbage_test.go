@@ -11,6 +11,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // rawPub is a bare libzmq PUB socket for sending hand-made frames.
@@ -79,7 +80,7 @@ func TestGarbageIsCountedLoggedOnceAndChangesNothing(t *testing.T) {
 
 	engine := bindEngine(t, p, nil)
 	worker := topicWorkerID(t, engine)
-	if err := p.mgr.AddWorker(WorkerSpec{ID: worker, Model: engine.Config().Model, Replay: engine.ReplayEndpoints()[0]}); err != nil {
+	if err := p.mgr.AddWorker(workerspec.Spec{ID: worker, Model: engine.Config().Model, Replay: engine.ReplayEndpoints()[0]}); err != nil {
 		t.Fatal(err)
 	}
 	healthy := []followed{{worker, engine}}

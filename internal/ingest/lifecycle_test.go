@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // Run is called again and again (a node that loses and regains Raft leadership):
@@ -26,7 +27,7 @@ func TestRunStopsCleanlyAndResumesFromCursors(t *testing.T) {
 	cfg := testManagerConfig()
 	cfg.ZMQBind = "tcp://127.0.0.1:*"
 	cfg.WorkersFile = file
-	cfg.Workers = []WorkerSpec{connectSpec("first", first)}
+	cfg.Workers = []workerspec.Spec{connectSpec("first", first)}
 	// Each Run subscribes anew, and a burst published before a subscription is
 	// live reaches the index only through an idle stream's replay.
 	cfg.IdleReplayInterval = 20 * time.Millisecond
@@ -135,7 +136,7 @@ func TestIdleStreamIsCaughtUpByReplay(t *testing.T) {
 	assertIndexEqualsTruth(t, p.index, engines...)
 }
 
-func writeWorkersFile(t *testing.T, path string, specs ...WorkerSpec) {
+func writeWorkersFile(t *testing.T, path string, specs ...workerspec.Spec) {
 	t.Helper()
 	var b []byte
 	b = append(b, "workers:\n"...)

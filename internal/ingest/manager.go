@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/workerspec"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -68,8 +69,8 @@ func sourceRank(s WorkerSource) int {
 type ManagerConfig struct {
 	Transport Transport
 	// Workers are the statically declared workers (--worker).
-	Workers []WorkerSpec
-	// WorkersFile is a YAML file of workers (see ParseWorkers), re-read while Run
+	Workers []workerspec.Spec
+	// WorkersFile is a YAML file of workers (see workerspec.ParseFile), re-read while Run
 	// runs whenever it changes (checked every WorkersFilePoll).
 	WorkersFile     string
 	WorkersFilePoll time.Duration
@@ -142,8 +143,8 @@ func (c ManagerConfig) Validate() error {
 		return invalidConfig("--kv-event-transport=nats needs --nats-url")
 	case c.Transport == TransportNATS && c.ZMQBind != "":
 		return invalidConfig("--zmq-bind=%q cannot be used with --kv-event-transport=nats", c.ZMQBind)
-	case c.DefaultBlockSize < 0 || c.DefaultBlockSize > maxBlockSize:
-		return invalidConfig("--block-size=%d must be between 0 and %d", c.DefaultBlockSize, maxBlockSize)
+	case c.DefaultBlockSize < 0 || c.DefaultBlockSize > workerspec.MaxBlockSize:
+		return invalidConfig("--block-size=%d must be between 0 and %d", c.DefaultBlockSize, workerspec.MaxBlockSize)
 	case c.MaxFrameBytes < 1024 || c.MaxFrameBytes > 1<<30:
 		return invalidConfig("--max-frame-bytes=%d must be between 1024 and %d", c.MaxFrameBytes, 1<<30)
 	case c.ReplayTimeout <= 0:
@@ -203,7 +204,7 @@ type Manager struct {
 
 	mu       sync.Mutex
 	workers  map[string]*workerEntry // guarded by mu
-	byTopic  map[string]string       // guarded by mu: non-empty WorkerSpec.Topic -> worker id
+	byTopic  map[string]string       // guarded by mu: non-empty workerspec.Spec.Topic -> worker id
 	run      *run                    // guarded by mu; nil when not running
 	bindAddr string                  // guarded by mu
 	closed   bool                    // guarded by mu
@@ -211,7 +212,7 @@ type Manager struct {
 }
 
 type workerEntry struct {
-	spec   WorkerSpec
+	spec   workerspec.Spec
 	source WorkerSource
 }
 
@@ -246,7 +247,7 @@ func NewManager(cfg ManagerConfig, logger *slog.Logger, reg prometheus.Registere
 		if err != nil {
 			return nil, fmt.Errorf("%w: --workers-file: %w", ErrInvalidConfig, err)
 		}
-		specs, err := ParseWorkers(data)
+		specs, err := workerspec.ParseFile(data)
 		if err != nil {
 			return nil, fmt.Errorf("%w: --workers-file %s: %w", ErrInvalidConfig, cfg.WorkersFile, err)
 		}
@@ -298,7 +299,7 @@ func (m *Manager) unlockChange() { <-m.change }
 // AddWorker registers spec (source "registry"), replacing a registry, file or
 // discovered entry with the same id, and subscribes to it at once when Run runs.
 // A worker given by --worker cannot be replaced (ErrWorkerConflict).
-func (m *Manager) AddWorker(spec WorkerSpec) error {
+func (m *Manager) AddWorker(spec workerspec.Spec) error {
 	if err := spec.Validate(); err != nil {
 		return err
 	}
@@ -308,7 +309,7 @@ func (m *Manager) AddWorker(spec WorkerSpec) error {
 }
 
 // putWorker registers spec and (re)starts it in the running run; callers hold change.
-func (m *Manager) putWorker(spec WorkerSpec, source WorkerSource) error {
+func (m *Manager) putWorker(spec workerspec.Spec, source WorkerSource) error {
 	m.mu.Lock()
 	old := m.workers[spec.ID]
 	if old != nil && sourceRank(old.source) > sourceRank(source) {
@@ -362,7 +363,7 @@ func (m *Manager) removeWorker(id string) {
 }
 
 // setEntry registers spec; callers hold mu (or own m exclusively).
-func (m *Manager) setEntry(spec WorkerSpec, source WorkerSource) {
+func (m *Manager) setEntry(spec workerspec.Spec, source WorkerSource) {
 	m.deleteEntry(spec.ID)
 	m.workers[spec.ID] = &workerEntry{spec: spec, source: source}
 	if spec.Topic != "" {
@@ -392,7 +393,7 @@ func (m *Manager) updateWorkerGauge() {
 
 // WorkerStatus is a registered worker and, while Run runs, its streams.
 type WorkerStatus struct {
-	Spec    WorkerSpec
+	Spec    workerspec.Spec
 	Source  WorkerSource
 	Streams []StreamStatus // by dp rank; empty when not running or nothing received yet
 }
@@ -518,7 +519,7 @@ type run struct {
 
 // workerRun is one worker's goroutines within a run.
 type workerRun struct {
-	spec   WorkerSpec
+	spec   workerspec.Spec
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -554,7 +555,7 @@ func (r *run) start() error {
 		r.goRun(func() { r.natsLoop(sub) })
 	}
 	m.mu.Lock()
-	specs := make([]WorkerSpec, 0, len(m.workers))
+	specs := make([]workerspec.Spec, 0, len(m.workers))
 	for _, e := range m.workers {
 		specs = append(specs, e.spec)
 	}
@@ -587,7 +588,7 @@ func (r *run) fail(err error) {
 // startWorker starts a worker's goroutines: in connect mode one socket and one
 // stream goroutine per dp rank; otherwise streams start as their batches arrive.
 // Callers hold change.
-func (r *run) startWorker(spec WorkerSpec) *workerRun {
+func (r *run) startWorker(spec workerspec.Spec) *workerRun {
 	ctx, cancel := context.WithCancel(r.ctx)
 	wr := &workerRun{spec: spec, ctx: ctx, cancel: cancel, streams: map[uint32]*streamRunner{}}
 	r.mu.Lock()
@@ -736,7 +737,7 @@ func (d *dispatcher) resolve(key Stream, model string) *streamRunner {
 			r.m.badLog.Warn(d.source+"/unknown_model", "dropping batch of an unknown worker that names no model", "worker", key.Worker)
 			return nil
 		}
-		spec := WorkerSpec{ID: key.Worker, Model: model}
+		spec := workerspec.Spec{ID: key.Worker, Model: model}
 		if err := spec.Validate(); err != nil {
 			r.m.metrics.decodeErrors.WithLabelValues(d.source, "bad_worker").Inc()
 			r.m.badLog.Warn(d.source+"/bad_worker", "dropping batch of an unusable worker", "err", err)
@@ -795,7 +796,7 @@ func (m *Manager) reloadWorkersFile() {
 	if bytes.Equal(data, m.fileData) {
 		return
 	}
-	specs, err := ParseWorkers(data)
+	specs, err := workerspec.ParseFile(data)
 	if err != nil {
 		m.badLog.Warn("workers-file", "invalid workers file; keeping the current workers", "path", m.cfg.WorkersFile, "err", err)
 		return

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/workerspec"
 	"github.com/nats-io/nats.go"
 )
 
@@ -75,8 +76,8 @@ func parseSubject(prefix, subject string) (worker string, rank uint32, err error
 		return "", 0, fmt.Errorf("subject %q: want %s.<worker>.<dp_rank>", subject, prefix)
 	}
 	r, err := strconv.ParseUint(rankStr, 10, 32)
-	if err != nil || r >= maxDPSize {
-		return "", 0, fmt.Errorf("subject %q: dp rank %q is not a number below %d", subject, rankStr, maxDPSize)
+	if err != nil || r >= workerspec.MaxDPSize {
+		return "", 0, fmt.Errorf("subject %q: dp rank %q is not a number below %d", subject, rankStr, workerspec.MaxDPSize)
 	}
 	return worker, uint32(r), nil
 }

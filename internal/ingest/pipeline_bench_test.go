@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 const (
@@ -131,7 +132,7 @@ func benchIngest(b *testing.B, publishers int, rate float64) {
 		if i < b.N%publishers {
 			pubs[i].n++
 		}
-		cfg.Workers = append(cfg.Workers, WorkerSpec{ID: fmt.Sprintf("bench-%d", i), Model: "bench", BlockSize: benchBlockSize, Endpoint: ep})
+		cfg.Workers = append(cfg.Workers, workerspec.Spec{ID: fmt.Sprintf("bench-%d", i), Model: "bench", BlockSize: benchBlockSize, Endpoint: ep})
 	}
 	index := radix.New(radix.Config{})
 	rec := &lagRecorder{Applier: NewApplier(index), lag: make([]time.Duration, 0, b.N)}

@@ -19,6 +19,7 @@ import (
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 	"github.com/kvindex/kvindex/internal/kvblock"
 	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // pipeline is a real single-node ingest pipeline: Manager -> LocalSink -> Applier
@@ -217,10 +218,10 @@ func engineConfig() fakeengine.Config {
 }
 
 // connectSpec is the --worker spec of an engine whose PUB and ROUTER sockets bind.
-func connectSpec(id string, e *fakeengine.Engine) WorkerSpec {
+func connectSpec(id string, e *fakeengine.Engine) workerspec.Spec {
 	cfg := e.Config()
 	loopback := strings.NewReplacer("tcp://0.0.0.0:", "tcp://127.0.0.1:")
-	spec := WorkerSpec{ID: id, Model: cfg.Model, BlockSize: cfg.BlockSize, DPSize: cfg.DataParallelSize,
+	spec := workerspec.Spec{ID: id, Model: cfg.Model, BlockSize: cfg.BlockSize, DPSize: cfg.DataParallelSize,
 		Endpoint: loopback.Replace(e.EventEndpoints()[0]), Topic: e.Topic()}
 	if r := e.ReplayEndpoints(); len(r) > 0 {
 		spec.Replay = loopback.Replace(r[0])

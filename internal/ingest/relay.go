@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/workerspec"
 	"github.com/nats-io/nats.go"
 	zmq "github.com/pebbe/zmq4"
 )
@@ -54,8 +55,8 @@ func (c RelayConfig) Validate() error {
 		return invalidConfig("relay --from is required")
 	case c.NATSURL == "":
 		return invalidConfig("relay --nats-url is required")
-	case c.DPSize < 0 || c.DPSize > maxDPSize:
-		return invalidConfig("relay --dp-size=%d must be between 1 and %d", c.DPSize, maxDPSize)
+	case c.DPSize < 0 || c.DPSize > workerspec.MaxDPSize:
+		return invalidConfig("relay --dp-size=%d must be between 1 and %d", c.DPSize, workerspec.MaxDPSize)
 	case c.MaxFrameBytes < 1024 || c.MaxFrameBytes > 1<<30:
 		return invalidConfig("relay --max-frame-bytes=%d must be between 1024 and %d", c.MaxFrameBytes, 1<<30)
 	case c.PollInterval <= 0:
@@ -67,7 +68,7 @@ func (c RelayConfig) Validate() error {
 	if err := validSubjectPrefix(c.NATSSubjectPrefix); err != nil {
 		return invalidConfig("relay --nats-subject-prefix=%q: %v", c.NATSSubjectPrefix, err)
 	}
-	spec := WorkerSpec{ID: c.Worker, Model: "m", DPSize: c.DPSize, Endpoint: c.From, Replay: c.Replay}
+	spec := workerspec.Spec{ID: c.Worker, Model: "m", DPSize: c.DPSize, Endpoint: c.From, Replay: c.Replay}
 	if err := spec.Validate(); err != nil {
 		return fmt.Errorf("%w: relay: %w", ErrInvalidConfig, err)
 	}
@@ -102,10 +103,10 @@ func RunRelay(ctx context.Context, cfg RelayConfig, logger *slog.Logger) (RelayS
 	zs := &sockets{zctx: zctx, hardMaxFrame: hardMaxFrame(cfg.MaxFrameBytes), pollInterval: cfg.PollInterval,
 		badLog: newRateLimitedLog(logger, 10*time.Second)}
 	rl := &relay{cfg: cfg, nc: nc, zs: zs}
-	ranks := WorkerSpec{DPSize: cfg.DPSize}.Ranks()
+	ranks := workerspec.Spec{DPSize: cfg.DPSize}.Ranks()
 	socks := make([]*zmq.Socket, 0, ranks)
 	for rank := range ranks {
-		from, _ := OffsetEndpoint(cfg.From, rank) // validated
+		from, _ := workerspec.OffsetEndpoint(cfg.From, rank) // validated
 		sock, err := zs.newSub(cfg.Topic)
 		if err == nil {
 			if err = sock.Connect(from); err != nil {
@@ -151,7 +152,7 @@ type relay struct {
 // forward publishes one rank's frames; it owns sock.
 func (rl *relay) forward(ctx context.Context, rank uint32, sock *zmq.Socket) {
 	subject := Subject(rl.cfg.NATSSubjectPrefix, rl.cfg.Worker, rank)
-	replay, _ := WorkerSpec{Replay: rl.cfg.Replay}.ReplayEndpoint(rank) // validated
+	replay, _ := workerspec.Spec{Replay: rl.cfg.Replay}.ReplayEndpoint(rank) // validated
 	rl.zs.receive(ctx, sock, "relay", func(parts [][]byte) bool {
 		f, err := ParseFrame(parts)
 		if err == nil && len(f.Payload) > rl.cfg.MaxFrameBytes {

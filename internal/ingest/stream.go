@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // item is one live batch handed from the goroutine that owns a socket (and decoded
@@ -89,7 +91,7 @@ type streamRunner struct {
 // stream that is replaying lets live batches wait here.
 const streamQueue = 256
 
-func newStreamRunner(key Stream, spec WorkerSpec, defaultBlockSize int, env *streamEnv) (*streamRunner, error) {
+func newStreamRunner(key Stream, spec workerspec.Spec, defaultBlockSize int, env *streamEnv) (*streamRunner, error) {
 	replayEP, err := spec.ReplayEndpoint(key.DPRank)
 	if err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/workerspec"
 	zmq "github.com/pebbe/zmq4"
 )
 
@@ -170,7 +171,7 @@ func (r *run) bindLoop(sock *zmq.Socket) {
 		if batch.HasDPRank {
 			rank = batch.DPRank
 		}
-		if rank >= maxDPSize {
+		if rank >= workerspec.MaxDPSize {
 			m.metrics.decodeErrors.WithLabelValues("bind", "bad_rank").Inc()
 			m.badLog.Warn("bind/bad_rank", "dropping batch with an impossible dp rank", "worker", worker, "dp_rank", rank)
 			return true

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // ErrInvalidConfig: a Config value out of range; the message names the field.
@@ -87,7 +88,7 @@ type Config struct {
 	// OnWorkersChanged is called with the whole registry, sorted by id, each time
 	// it changes (register, unregister, snapshot restore), on every node, from the
 	// apply goroutine: it must be quick and must not call back into the Node.
-	OnWorkersChanged func([]ingest.WorkerSpec)
+	OnWorkersChanged func([]workerspec.Spec)
 	// OnBatch, when set, is told about every committed stream batch (see
 	// BatchObserver).
 	OnBatch BatchObserver

@@ -14,6 +14,7 @@ import (
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // TestLeaderKillSoakWithFakeEngines is the leader-kill test with the real
@@ -30,7 +31,7 @@ func TestLeaderKillSoakWithFakeEngines(t *testing.T) {
 		kills, every = 12, 10*time.Second
 	}
 	engines := []*fakeengine.Engine{startFakeEngine(t, 1), startFakeEngine(t, 2)}
-	specs := []ingest.WorkerSpec{engineSpec("engine-a", engines[0]), engineSpec("engine-b", engines[1])}
+	specs := []workerspec.Spec{engineSpec("engine-a", engines[0]), engineSpec("engine-b", engines[1])}
 
 	var logsMu sync.Mutex
 	type incarnation struct {
@@ -220,10 +221,10 @@ func startFakeEngine(t *testing.T, dpSize int) *fakeengine.Engine {
 	return fakeenginetest.Start(t, cfg)
 }
 
-func engineSpec(id string, e *fakeengine.Engine) ingest.WorkerSpec {
+func engineSpec(id string, e *fakeengine.Engine) workerspec.Spec {
 	cfg := e.Config()
 	loopback := strings.NewReplacer("tcp://0.0.0.0:", "tcp://127.0.0.1:", "tcp://*:", "tcp://127.0.0.1:")
-	spec := ingest.WorkerSpec{ID: id, Model: cfg.Model, BlockSize: cfg.BlockSize, DPSize: cfg.DataParallelSize,
+	spec := workerspec.Spec{ID: id, Model: cfg.Model, BlockSize: cfg.BlockSize, DPSize: cfg.DataParallelSize,
 		Endpoint: loopback.Replace(e.EventEndpoints()[0]), Topic: e.Topic()}
 	if r := e.ReplayEndpoints(); len(r) > 0 {
 		spec.Replay = loopback.Replace(r[0])

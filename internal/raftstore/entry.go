@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // Log entry format, version 1. Integers are unsigned varints unless marked u64
@@ -24,7 +25,7 @@ import (
 //	                   hash count, hashes u64..., key count, keys u64...
 //	        OpRemoved: tier byte, hash count, hashes u64...
 //	        OpCleared: nothing
-//	  EntryRegisterWorker: an ingest.WorkerSpec: id, model, block size, dp size,
+//	  EntryRegisterWorker: an workerspec.Spec: id, model, block size, dp size,
 //	      events endpoint, topic, replay endpoint, HTTP endpoint, role, label count,
 //	      (key, value)... with keys ascending
 //	  EntryUnregisterWorker, EntryMemberRemoved: id
@@ -89,7 +90,7 @@ type Entry struct {
 	// Ignorable marks an entry that an older version not knowing Type may skip.
 	Ignorable bool
 	Batches   []ingest.StreamBatch // EntryStreamBatches
-	Worker    ingest.WorkerSpec    // EntryRegisterWorker
+	Worker    workerspec.Spec      // EntryRegisterWorker
 	ID        string               // EntryUnregisterWorker, EntryMemberAddr, EntryMemberRemoved
 	GRPCAddr  string               // EntryMemberAddr
 }
@@ -134,7 +135,7 @@ func appendString(dst []byte, s string) []byte {
 }
 
 // appendWorker encodes w, which checkWorker accepted.
-func appendWorker(dst []byte, w *ingest.WorkerSpec) []byte {
+func appendWorker(dst []byte, w *workerspec.Spec) []byte {
 	dst = appendString(dst, w.ID)
 	dst = appendString(dst, w.Model)
 	dst = binary.AppendUvarint(dst, uint64(w.BlockSize))
@@ -470,8 +471,8 @@ func (d *entryDecoder) ops() []ingest.Op {
 	return ops
 }
 
-func (d *entryDecoder) worker() ingest.WorkerSpec {
-	w := ingest.WorkerSpec{
+func (d *entryDecoder) worker() workerspec.Spec {
+	w := workerspec.Spec{
 		ID:        d.name("worker id"),
 		Model:     d.str("model"),
 		BlockSize: int(d.uint32("block size")),

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files in testdata")
@@ -37,8 +38,8 @@ func sampleBatches() []ingest.StreamBatch {
 	}
 }
 
-func sampleWorker() ingest.WorkerSpec {
-	return ingest.WorkerSpec{
+func sampleWorker() workerspec.Spec {
+	return workerspec.Spec{
 		ID: "vllm-0", Model: "meta-llama/Llama-3.1-8B", BlockSize: 16, DPSize: 2,
 		Endpoint: "tcp://10.0.0.7:5557", Topic: "kv@vllm-0", Replay: "tcp://10.0.0.7:5558",
 		HTTP: "http://10.0.0.7:8000", Role: "prefill", Labels: map[string]string{"zone": "a", "pool": "h100"},
@@ -53,7 +54,7 @@ func TestEntryRoundTrip(t *testing.T) {
 		{"batches", Entry{Type: EntryStreamBatches, Batches: sampleBatches()}},
 		{"no batches", Entry{Type: EntryStreamBatches, Batches: []ingest.StreamBatch{}}},
 		{"register", Entry{Type: EntryRegisterWorker, Worker: sampleWorker()}},
-		{"register without labels", Entry{Type: EntryRegisterWorker, Worker: ingest.WorkerSpec{ID: "w", Model: "m", BlockSize: 32}}},
+		{"register without labels", Entry{Type: EntryRegisterWorker, Worker: workerspec.Spec{ID: "w", Model: "m", BlockSize: 32}}},
 		{"unregister", Entry{Type: EntryUnregisterWorker, ID: "vllm-0"}},
 		{"member address", Entry{Type: EntryMemberAddr, ID: "node-2", GRPCAddr: "10.0.0.2:7070"}},
 		{"member removed", Entry{Type: EntryMemberRemoved, ID: "node-2"}},
@@ -196,7 +197,7 @@ func TestEncodeEntryRejectsWhatTheLogCannotCarry(t *testing.T) {
 			}
 		})
 	}
-	for _, w := range []ingest.WorkerSpec{{ID: ""}, {ID: "w", BlockSize: -1}, {ID: "w", Labels: map[string]string{"k": strings.Repeat("v", maxStringLen+1)}}} {
+	for _, w := range []workerspec.Spec{{ID: ""}, {ID: "w", BlockSize: -1}, {ID: "w", Labels: map[string]string{"k": strings.Repeat("v", maxStringLen+1)}}} {
 		if _, err := EncodeEntry(nil, &Entry{Type: EntryRegisterWorker, Worker: w}); !errors.Is(err, ErrInvalidWorker) {
 			t.Errorf("register %+.60v: error %v, want ErrInvalidWorker", w, err)
 		}

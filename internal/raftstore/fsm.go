@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // maxTombstones bounds how many unregistered worker ids the FSM remembers (see
@@ -72,7 +73,7 @@ type ApplyResult struct {
 type fsm struct {
 	applier   *ingest.Applier
 	log       *slog.Logger
-	onWorkers func([]ingest.WorkerSpec)
+	onWorkers func([]workerspec.Spec)
 	onBatch   BatchObserver
 	// beforeBatch and onRemoved are Config.BeforeBatch and Config.OnWorkerRemoved
 	// (set by NewNode after newFSM; nil when unused).
@@ -81,7 +82,7 @@ type fsm struct {
 	metrics     *metrics
 
 	mu      sync.RWMutex
-	workers map[string]ingest.WorkerSpec // guarded by mu
+	workers map[string]workerspec.Spec // guarded by mu
 	// tombstones holds the ids of unregistered workers with the log index of their
 	// removal. Batches of such a worker still in the pipeline when it was removed are
 	// committed after the removal and would bring its blocks back; they are dropped
@@ -101,10 +102,10 @@ type fsm struct {
 
 var _ raft.FSM = (*fsm)(nil)
 
-func newFSM(applier *ingest.Applier, log *slog.Logger, m *metrics, onWorkers func([]ingest.WorkerSpec), onBatch BatchObserver) *fsm {
+func newFSM(applier *ingest.Applier, log *slog.Logger, m *metrics, onWorkers func([]workerspec.Spec), onBatch BatchObserver) *fsm {
 	return &fsm{
 		applier: applier, log: log, metrics: m, onWorkers: onWorkers, onBatch: onBatch,
-		workers: map[string]ingest.WorkerSpec{}, tombstones: map[string]uint64{}, members: map[string]string{},
+		workers: map[string]workerspec.Spec{}, tombstones: map[string]uint64{}, members: map[string]string{},
 		stopped: make(chan struct{}), appliedCh: make(chan struct{}),
 	}
 }
@@ -198,7 +199,7 @@ func (f *fsm) applyBatches(index uint64, batches []ingest.StreamBatch) ApplyResu
 }
 
 // register adds w; the entry decoder has already checked what checkWorker checks.
-func (f *fsm) register(w ingest.WorkerSpec) error {
+func (f *fsm) register(w workerspec.Spec) error {
 	f.mu.Lock()
 	old, exists := f.workers[w.ID]
 	switch {
@@ -244,31 +245,31 @@ func (f *fsm) unregister(id string, index uint64) error {
 	return nil
 }
 
-func (f *fsm) notifyWorkers(list []ingest.WorkerSpec) {
+func (f *fsm) notifyWorkers(list []workerspec.Spec) {
 	if f.onWorkers != nil {
 		f.onWorkers(list)
 	}
 }
 
 // workerListLocked returns the registry sorted by id, as copies.
-func (f *fsm) workerListLocked() []ingest.WorkerSpec {
-	out := make([]ingest.WorkerSpec, 0, len(f.workers))
+func (f *fsm) workerListLocked() []workerspec.Spec {
+	out := make([]workerspec.Spec, 0, len(f.workers))
 	for _, w := range f.workers {
 		out = append(out, cloneWorker(w))
 	}
-	slices.SortFunc(out, func(a, b ingest.WorkerSpec) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b workerspec.Spec) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 
 // Workers returns the registry sorted by id.
-func (f *fsm) Workers() []ingest.WorkerSpec {
+func (f *fsm) Workers() []workerspec.Spec {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.workerListLocked()
 }
 
 // Worker returns the registered worker id.
-func (f *fsm) Worker(id string) (ingest.WorkerSpec, bool) {
+func (f *fsm) Worker(id string) (workerspec.Spec, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	w, ok := f.workers[id]

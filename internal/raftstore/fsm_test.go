@@ -15,9 +15,10 @@ import (
 
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
-func newTestFSM(t testing.TB, onWorkers func([]ingest.WorkerSpec)) *fsm {
+func newTestFSM(t testing.TB, onWorkers func([]workerspec.Spec)) *fsm {
 	t.Helper()
 	return newFSM(ingest.NewApplier(radix.New(radix.Config{})), slog.New(slog.DiscardHandler), newMetrics(), onWorkers, nil)
 }
@@ -147,10 +148,10 @@ func TestFSMStopsOnEntryItCannotApply(t *testing.T) {
 }
 
 func TestFSMRegistry(t *testing.T) {
-	var seen [][]ingest.WorkerSpec
-	f := newTestFSM(t, func(w []ingest.WorkerSpec) { seen = append(seen, w) })
+	var seen [][]workerspec.Spec
+	f := newTestFSM(t, func(w []workerspec.Spec) { seen = append(seen, w) })
 	w := sampleWorker()
-	other := ingest.WorkerSpec{ID: "aaa", Model: "m", BlockSize: 16}
+	other := workerspec.Spec{ID: "aaa", Model: "m", BlockSize: 16}
 	steps := []struct {
 		name    string
 		entry   Entry
@@ -160,7 +161,7 @@ func TestFSMRegistry(t *testing.T) {
 		{"register", Entry{Type: EntryRegisterWorker, Worker: w}, nil, []string{"vllm-0"}},
 		{"register another", Entry{Type: EntryRegisterWorker, Worker: other}, nil, []string{"aaa", "vllm-0"}},
 		{"register again, same spec", Entry{Type: EntryRegisterWorker, Worker: w}, nil, []string{"aaa", "vllm-0"}},
-		{"register again, other spec", Entry{Type: EntryRegisterWorker, Worker: ingest.WorkerSpec{ID: "vllm-0", Model: "x", BlockSize: 16}}, ErrWorkerExists, []string{"aaa", "vllm-0"}},
+		{"register again, other spec", Entry{Type: EntryRegisterWorker, Worker: workerspec.Spec{ID: "vllm-0", Model: "x", BlockSize: 16}}, ErrWorkerExists, []string{"aaa", "vllm-0"}},
 		{"unregister unknown", Entry{Type: EntryUnregisterWorker, ID: "nope"}, ErrUnknownWorker, []string{"aaa", "vllm-0"}},
 		{"unregister", Entry{Type: EntryUnregisterWorker, ID: "vllm-0"}, nil, []string{"aaa"}},
 	}
@@ -222,7 +223,7 @@ func TestFSMForgetsOldestTombstone(t *testing.T) {
 	f := newTestFSM(t, nil)
 	index := uint64(0)
 	for i := range maxTombstones + 1 {
-		w := ingest.WorkerSpec{ID: fmt.Sprintf("w%05d", i), Model: "m", BlockSize: 1}
+		w := workerspec.Spec{ID: fmt.Sprintf("w%05d", i), Model: "m", BlockSize: 1}
 		index++
 		applyEntry(t, f, index, Entry{Type: EntryRegisterWorker, Worker: w})
 		index++
@@ -271,7 +272,7 @@ func snapshotBytes(t testing.TB, f *fsm) []byte {
 func populatedFSM(t testing.TB) (*fsm, []ingest.StreamBatch) {
 	f := newTestFSM(t, nil)
 	applyEntry(t, f, 1, Entry{Type: EntryRegisterWorker, Worker: sampleWorker()})
-	applyEntry(t, f, 2, Entry{Type: EntryRegisterWorker, Worker: ingest.WorkerSpec{ID: "gone", Model: "m", BlockSize: 8}})
+	applyEntry(t, f, 2, Entry{Type: EntryRegisterWorker, Worker: workerspec.Spec{ID: "gone", Model: "m", BlockSize: 8}})
 	applyEntry(t, f, 3, Entry{Type: EntryUnregisterWorker, ID: "gone"})
 	applyEntry(t, f, 4, Entry{Type: EntryMemberAddr, ID: "node-1", GRPCAddr: "10.0.0.1:7070"})
 	streams := testStreams(6)
@@ -284,8 +285,8 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	src, next := populatedFSM(t)
 	data := snapshotBytes(t, src)
 
-	var notified []ingest.WorkerSpec
-	dst := newTestFSM(t, func(w []ingest.WorkerSpec) { notified = w })
+	var notified []workerspec.Spec
+	dst := newTestFSM(t, func(w []workerspec.Spec) { notified = w })
 	applyEntry(t, dst, 1, batchesEntry(ingest.StreamBatch{Stream: ws("stale", 0), Seq: 5, Ops: []ingest.Op{
 		{Kind: ingest.OpStored, Hashes: []uint64{1}, Keys: []uint64{1}},
 	}})) // state the restore must discard

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // ErrNotLeader: the operation needs the leader and this node is not it (or not
@@ -571,7 +572,7 @@ func (n *Node) proposeEntry(ctx context.Context, e *Entry) (ApplyResult, uint64,
 // log index at which it was applied. w must pass ingest's WorkerSpec.Validate.
 // Registering an id again with an equal spec succeeds; with another spec it fails
 // with ErrWorkerExists.
-func (n *Node) RegisterWorker(ctx context.Context, w ingest.WorkerSpec) (uint64, error) {
+func (n *Node) RegisterWorker(ctx context.Context, w workerspec.Spec) (uint64, error) {
 	if err := w.Validate(); err != nil {
 		return 0, err
 	}
@@ -591,10 +592,10 @@ func (n *Node) UnregisterWorker(ctx context.Context, id string) (uint64, error) 
 }
 
 // Workers returns the registry, sorted by id.
-func (n *Node) Workers() []ingest.WorkerSpec { return n.fsm.Workers() }
+func (n *Node) Workers() []workerspec.Spec { return n.fsm.Workers() }
 
 // Worker returns the registered worker id.
-func (n *Node) Worker(id string) (ingest.WorkerSpec, bool) { return n.fsm.Worker(id) }
+func (n *Node) Worker(id string) (workerspec.Spec, bool) { return n.fsm.Worker(id) }
 
 // Snapshot takes a raft snapshot of this node now (compacting its log) and
 // returns the log index it covers and its size in bytes. With nothing new since

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 func TestConfigValidateNamesTheBadField(t *testing.T) {
@@ -72,9 +73,9 @@ func TestSingleNodeBootstrapsItself(t *testing.T) {
 	cfg := testConfig()
 	cfg.NodeID, cfg.DataDir, cfg.RaftAddr, cfg.Bootstrap = "solo", t.TempDir(), "127.0.0.1:0", true
 	cfg.GRPCAddr = "127.0.0.1:7070"
-	var workers []ingest.WorkerSpec
+	var workers []workerspec.Spec
 	var mu sync.Mutex
-	cfg.OnWorkersChanged = func(w []ingest.WorkerSpec) { mu.Lock(); workers = w; mu.Unlock() }
+	cfg.OnWorkersChanged = func(w []workerspec.Spec) { mu.Lock(); workers = w; mu.Unlock() }
 	n, err := NewNode(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -161,8 +162,8 @@ func TestRegistryOnlyOnTheLeaderAndReplicated(t *testing.T) {
 	if _, err := leader.RegisterWorker(ctx, changed); !errors.Is(err, ErrWorkerExists) {
 		t.Errorf("registering another spec under the same id: %v, want ErrWorkerExists", err)
 	}
-	if _, err := leader.RegisterWorker(ctx, ingest.WorkerSpec{ID: "has space", Model: "m"}); !errors.Is(err, ingest.ErrInvalidWorker) {
-		t.Errorf("registering an invalid spec: %v, want ingest.ErrInvalidWorker", err)
+	if _, err := leader.RegisterWorker(ctx, workerspec.Spec{ID: "has space", Model: "m"}); !errors.Is(err, workerspec.ErrInvalid) {
+		t.Errorf("registering an invalid spec: %v, want workerspec.ErrInvalid", err)
 	}
 	if _, err := leader.UnregisterWorker(ctx, "nobody"); !errors.Is(err, ErrUnknownWorker) {
 		t.Errorf("unregistering an unknown id: %v, want ErrUnknownWorker", err)

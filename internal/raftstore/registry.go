@@ -6,7 +6,7 @@ import (
 	"maps"
 	"math"
 
-	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 var (
@@ -24,7 +24,7 @@ var (
 // the entry commits. It must give the same answer in every version that shares a
 // log, so it only checks what the log format needs: an id of 1..1024 bytes, block
 // and dp sizes in 0..2^32-1, strings of at most 64 KiB.
-func checkWorker(w *ingest.WorkerSpec) error {
+func checkWorker(w *workerspec.Spec) error {
 	switch {
 	case w.ID == "" || len(w.ID) > maxNameLen:
 		return fmt.Errorf("%w: id of %d bytes (want 1..%d)", ErrInvalidWorker, len(w.ID), maxNameLen)
@@ -51,13 +51,13 @@ func checkWorker(w *ingest.WorkerSpec) error {
 
 // sameWorker reports whether two registrations are the same, field by field (a
 // nil and an empty label map are the same).
-func sameWorker(a, b *ingest.WorkerSpec) bool {
+func sameWorker(a, b *workerspec.Spec) bool {
 	return a.ID == b.ID && a.Model == b.Model && a.BlockSize == b.BlockSize && a.DPSize == b.DPSize &&
 		a.Endpoint == b.Endpoint && a.Topic == b.Topic && a.Replay == b.Replay && a.HTTP == b.HTTP &&
 		a.Role == b.Role && maps.Equal(a.Labels, b.Labels)
 }
 
-func cloneWorker(w ingest.WorkerSpec) ingest.WorkerSpec {
+func cloneWorker(w workerspec.Spec) workerspec.Spec {
 	w.Labels = maps.Clone(w.Labels)
 	return w
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // Snapshot format, version 2 (integers and strings as in the log entry format):
@@ -85,7 +86,7 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 // Release drops the captured state.
 func (s *fsmSnapshot) Release() { s.head, s.index = nil, nil }
 
-func encodeState(applied uint64, workers map[string]ingest.WorkerSpec, tombstones map[string]uint64, members map[string]string, cursors map[ingest.Stream]ingest.Cursor) []byte {
+func encodeState(applied uint64, workers map[string]workerspec.Spec, tombstones map[string]uint64, members map[string]string, cursors map[ingest.Stream]ingest.Cursor) []byte {
 	b := binary.AppendUvarint(nil, applied)
 	b = binary.AppendUvarint(b, uint64(len(workers)))
 	for _, id := range slices.Sorted(maps.Keys(workers)) {
@@ -117,7 +118,7 @@ func compareStreams(a, b ingest.Stream) int {
 // snapshotState is the part of a snapshot beside the index.
 type snapshotState struct {
 	applied    uint64
-	workers    map[string]ingest.WorkerSpec
+	workers    map[string]workerspec.Spec
 	tombstones map[string]uint64
 	members    map[string]string
 	cursors    map[ingest.Stream]ingest.Cursor
@@ -165,7 +166,7 @@ func readSnapshot(r io.Reader, ix *radix.Index) (snapshotState, error) {
 func decodeState(data []byte, version uint64) (snapshotState, error) {
 	d := entryDecoder{data: data}
 	st := snapshotState{
-		workers:    map[string]ingest.WorkerSpec{},
+		workers:    map[string]workerspec.Spec{},
 		tombstones: map[string]uint64{},
 		members:    map[string]string{},
 		cursors:    map[ingest.Stream]ingest.Cursor{},

@@ -4,8 +4,8 @@ import (
 	"context"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
-	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // Backend is everything the API handlers need from the node they run on; the
@@ -33,7 +33,7 @@ type Backend interface {
 	// RegisterWorker adds spec to the registry; an identical spec already there
 	// succeeds, another spec with the same id fails with ErrAlreadyExists. It
 	// returns the applied index at which the registration is visible.
-	RegisterWorker(ctx context.Context, spec ingest.WorkerSpec) (uint64, error)
+	RegisterWorker(ctx context.Context, spec workerspec.Spec) (uint64, error)
 	// UnregisterWorker removes a worker and, before it returns, every block it
 	// holds; an unknown id fails with ErrNotFound.
 	UnregisterWorker(ctx context.Context, id string) (uint64, error)
@@ -54,7 +54,7 @@ type Backend interface {
 
 // WorkerStatus is a registered worker and its event streams as one node sees them.
 type WorkerStatus struct {
-	Spec  ingest.WorkerSpec
+	Spec  workerspec.Spec
 	State kvindexv1.WorkerState
 	// Ranks are the dp ranks this node has a position for, ordered by rank.
 	Ranks []RankStatus

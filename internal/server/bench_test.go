@@ -20,10 +20,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
-	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/kvblock"
 	"github.com/kvindex/kvindex/internal/radix"
 	"github.com/kvindex/kvindex/internal/tokenize"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // The Score benchmark serves an index of ~1M (block, worker) residencies over
@@ -111,7 +111,7 @@ func setupBench() (*benchEnv, error) {
 	cfg.Ingest.DefaultBlockSize = benchBlock
 	cfg.MaxBodyBytes = 8 << 20
 	for w := range benchWorkers {
-		cfg.Ingest.Workers = append(cfg.Ingest.Workers, ingest.WorkerSpec{ID: fmt.Sprintf("worker-%02d", w), Model: benchModel, BlockSize: benchBlock})
+		cfg.Ingest.Workers = append(cfg.Ingest.Workers, workerspec.Spec{ID: fmt.Sprintf("worker-%02d", w), Model: benchModel, BlockSize: benchBlock})
 	}
 	srv, err := New(cfg, nil)
 	if err != nil {

@@ -10,9 +10,9 @@ import (
 	"strings"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
-	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
 	"github.com/kvindex/kvindex/internal/tokenize"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // The compatible REST shapes. docs/api.md says where each comes from; field
@@ -403,7 +403,7 @@ func dynamoWorkers(resp *kvindexv1.WorkersResponse) []dynamoWorker {
 			if w.Spec.EventsEndpoint == "" {
 				break
 			}
-			if ep, err := ingest.OffsetEndpoint(w.Spec.EventsEndpoint, r); err == nil {
+			if ep, err := workerspec.OffsetEndpoint(w.Spec.EventsEndpoint, r); err == nil {
 				dw.Endpoints[strconv.FormatUint(uint64(r), 10)] = ep
 			}
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/kvindex/kvindex/internal/logging"
 	"github.com/kvindex/kvindex/internal/raftstore"
 	"github.com/kvindex/kvindex/internal/tokenize"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // EnvPrefix prefixes the environment variable of every indexer flag: --http-addr is
@@ -153,7 +154,7 @@ func (c *Config) Validate() error {
 // default; the first --worker on the command line (or KVINDEX_WORKER) replaces
 // them rather than adding to them, as any other flag replaces its file value.
 type workerFlag struct {
-	list       *[]ingest.WorkerSpec
+	list       *[]workerspec.Spec
 	replaceOld bool
 }
 
@@ -161,7 +162,7 @@ func (f *workerFlag) String() string {
 	if f.list == nil {
 		return ""
 	}
-	l := ingest.WorkerList(*f.list)
+	l := workerspec.List(*f.list)
 	return l.String()
 }
 
@@ -187,7 +188,7 @@ func (f *tokenizerFlag) Set(v string) error {
 }
 
 func (f *workerFlag) Set(v string) error {
-	w, err := ingest.ParseWorkerFlag(v)
+	w, err := workerspec.Parse(v)
 	if err != nil {
 		return err
 	}

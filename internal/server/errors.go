@@ -14,6 +14,7 @@ import (
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/tokenize"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // Sentinel errors of the API. Handlers wrap them with %w and a message naming
@@ -82,7 +83,7 @@ type errorClass struct {
 // packages that reach the API are listed beside ours.
 var errorTable = []errorClass{
 	{ErrInvalidArgument, codes.InvalidArgument, http.StatusBadRequest, "invalid_argument"},
-	{ingest.ErrInvalidWorker, codes.InvalidArgument, http.StatusBadRequest, "invalid_argument"},
+	{workerspec.ErrInvalid, codes.InvalidArgument, http.StatusBadRequest, "invalid_argument"},
 	{tokenize.ErrInvalidMessages, codes.InvalidArgument, http.StatusBadRequest, "invalid_argument"},
 	{ErrUnknownModel, codes.NotFound, http.StatusNotFound, "unknown_model"},
 	{tokenize.ErrUnknownModel, codes.NotFound, http.StatusNotFound, "unknown_model"},

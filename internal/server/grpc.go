@@ -20,10 +20,10 @@ import (
 
 	indexerv1 "github.com/kvindex/kvindex/api/proto/indexer/v1"
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
-	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/kvblock"
 	"github.com/kvindex/kvindex/internal/radix"
 	"github.com/kvindex/kvindex/internal/tokenize"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // GRPCServer returns a gRPC server with the IndexService, the AdminService,
@@ -450,7 +450,7 @@ func (s adminService) RegisterWorker(ctx context.Context, req *kvindexv1.Registe
 	return &kvindexv1.RegisterWorkerResponse{Worker: &kvindexv1.WorkerInfo{Spec: specProto(spec)}, AppliedIndex: applied}, nil
 }
 
-func (a *API) registerWorker(ctx context.Context, spec ingest.WorkerSpec) (uint64, error) {
+func (a *API) registerWorker(ctx context.Context, spec workerspec.Spec) (uint64, error) {
 	if err := spec.Validate(); err != nil {
 		return 0, err
 	}
@@ -585,15 +585,15 @@ var workerRoleNames = map[kvindexv1.WorkerRole]string{
 	kvindexv1.WorkerRole_WORKER_ROLE_DECODE:      "decode",
 }
 
-func specFromProto(p *kvindexv1.WorkerSpec) (ingest.WorkerSpec, error) {
+func specFromProto(p *kvindexv1.WorkerSpec) (workerspec.Spec, error) {
 	role, ok := workerRoleNames[p.Role]
 	if !ok {
-		return ingest.WorkerSpec{}, invalidArg("worker.role: unknown role %d", p.Role)
+		return workerspec.Spec{}, invalidArg("worker.role: unknown role %d", p.Role)
 	}
 	if p.BlockSize > maxBlockSize || p.DpSize > 1<<20 {
-		return ingest.WorkerSpec{}, invalidArg("worker %q: block_size=%d or dp_size=%d out of range", p.Id, p.BlockSize, p.DpSize)
+		return workerspec.Spec{}, invalidArg("worker %q: block_size=%d or dp_size=%d out of range", p.Id, p.BlockSize, p.DpSize)
 	}
-	spec := ingest.WorkerSpec{
+	spec := workerspec.Spec{
 		ID: p.Id, Model: p.Model, BlockSize: int(p.BlockSize), DPSize: int(p.DpSize),
 		Endpoint: p.EventsEndpoint, Topic: p.EventsTopic, Replay: p.ReplayEndpoint, HTTP: p.HttpEndpoint,
 		Role: role, Labels: p.Labels,

@@ -24,6 +24,7 @@ import (
 	"github.com/kvindex/kvindex/internal/kvblock"
 	"github.com/kvindex/kvindex/internal/radix"
 	"github.com/kvindex/kvindex/internal/tokenize"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 const testModel = "fake/test-model"
@@ -80,10 +81,10 @@ func startEngineFor(t *testing.T, es engineSpec) *fakeengine.Engine {
 	return fakeenginetest.Start(t, c)
 }
 
-func workerFlagFor(t *testing.T, name string, e *fakeengine.Engine) ingest.WorkerSpec {
+func workerFlagFor(t *testing.T, name string, e *fakeengine.Engine) workerspec.Spec {
 	t.Helper()
 	loopback := strings.NewReplacer("tcp://*:", "tcp://127.0.0.1:", "tcp://0.0.0.0:", "tcp://127.0.0.1:")
-	spec, err := ingest.ParseWorkerFlag(fmt.Sprintf("id=%s,model=%s,endpoint=%s,replay=%s,block-size=4,dp-size=%d,http=%s",
+	spec, err := workerspec.Parse(fmt.Sprintf("id=%s,model=%s,endpoint=%s,replay=%s,block-size=4,dp-size=%d,http=%s",
 		name, testModel, loopback.Replace(e.EventEndpoints()[0]), loopback.Replace(e.ReplayEndpoints()[0]),
 		e.Config().DataParallelSize, e.URL()))
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 const readHeaderTimeout = 10 * time.Second
@@ -412,7 +413,7 @@ func (a *API) handleRegister(w http.ResponseWriter, r *http.Request) error {
 // the registered worker whose rank-0 endpoint, offset by the rank, is the
 // endpoint given (kvindex derives rank r's endpoints as port + r); replaces
 // then says the worker's spec changes.
-func (req *registerJSON) spec(ctx context.Context, a *API) (spec ingest.WorkerSpec, replaces bool, err error) {
+func (req *registerJSON) spec(ctx context.Context, a *API) (spec workerspec.Spec, replaces bool, err error) {
 	id, err := instanceID(req.InstanceID)
 	if err != nil {
 		return spec, false, err
@@ -421,7 +422,7 @@ func (req *registerJSON) spec(ctx context.Context, a *API) (spec ingest.WorkerSp
 	if err != nil {
 		return spec, false, err
 	}
-	spec = ingest.WorkerSpec{ID: id, Model: model, Endpoint: req.Endpoint, Replay: req.ReplayEndpoint}
+	spec = workerspec.Spec{ID: id, Model: model, Endpoint: req.Endpoint, Replay: req.ReplayEndpoint}
 	if req.BlockSize != nil {
 		if *req.BlockSize < 1 || *req.BlockSize > maxBlockSize {
 			return spec, false, invalidArg("block_size=%d must be between 1 and %d", *req.BlockSize, maxBlockSize)
@@ -447,7 +448,7 @@ func (req *registerJSON) spec(ctx context.Context, a *API) (spec ingest.WorkerSp
 			continue
 		}
 		base := ws.Spec
-		want, err := ingest.OffsetEndpoint(base.Endpoint, uint32(rank))
+		want, err := workerspec.OffsetEndpoint(base.Endpoint, uint32(rank))
 		if err != nil || want != req.Endpoint {
 			return spec, false, invalidArg("dp_rank=%d of %q: endpoint %q is not rank 0's endpoint %q offset by %d (%s)", rank, id, req.Endpoint, base.Endpoint, rank, want)
 		}
@@ -463,7 +464,7 @@ func (req *registerJSON) spec(ctx context.Context, a *API) (spec ingest.WorkerSp
 // reRegister replaces a worker's spec: the registry keeps one spec per id, so
 // the worker leaves (its blocks with it) and comes back, and ingest reads its
 // engine's replay buffer again.
-func (a *API) reRegister(ctx context.Context, spec ingest.WorkerSpec) error {
+func (a *API) reRegister(ctx context.Context, spec workerspec.Spec) error {
 	if _, err := a.unregisterWorker(ctx, spec.ID); err != nil {
 		return err
 	}
@@ -550,7 +551,7 @@ func (a *API) handleUnregister(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func specProto(s ingest.WorkerSpec) *kvindexv1.WorkerSpec {
+func specProto(s workerspec.Spec) *kvindexv1.WorkerSpec {
 	return &kvindexv1.WorkerSpec{
 		Id: s.ID, Model: s.Model, BlockSize: uint32(s.BlockSize), DpSize: uint32(s.DPSize),
 		EventsEndpoint: s.Endpoint, EventsTopic: s.Topic, ReplayEndpoint: s.Replay, HttpEndpoint: s.HTTP,

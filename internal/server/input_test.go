@@ -16,6 +16,7 @@ import (
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/tokenize"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // TestBadRESTInputIsRefusedClearly sends malformed, mistyped, oversized and
@@ -182,7 +183,7 @@ func TestErrorTableMapsEverySentinel(t *testing.T) {
 		http int
 	}{
 		{invalidArg("x"), codes.InvalidArgument, 400},
-		{fmt.Errorf("w: %w", ingest.ErrInvalidWorker), codes.InvalidArgument, 400},
+		{fmt.Errorf("w: %w", workerspec.ErrInvalid), codes.InvalidArgument, 400},
 		{fmt.Errorf("w: %w", tokenize.ErrInvalidMessages), codes.InvalidArgument, 400},
 		{ErrUnknownModel, codes.NotFound, 404},
 		{ErrNotFound, codes.NotFound, 404},

@@ -15,6 +15,7 @@ import (
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
 	"github.com/kvindex/kvindex/internal/raftstore"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // raftBackend is the Backend of a member of a raft cluster (a single node is a
@@ -44,8 +45,8 @@ type raftBackend struct {
 	onRegistry atomic.Pointer[func()]
 
 	regMu      sync.Mutex
-	registry   []ingest.WorkerSpec // the replicated registry as last applied; guarded by regMu
-	regChanged chan struct{}       // capacity 1: registry changed since followRegistry last looked
+	registry   []workerspec.Spec // the replicated registry as last applied; guarded by regMu
+	regChanged chan struct{}     // capacity 1: registry changed since followRegistry last looked
 
 	conflicts sync.Map // worker id -> spec string whose registry conflict was logged
 }
@@ -153,7 +154,7 @@ func (b *raftBackend) Workers(context.Context) ([]WorkerStatus, error) {
 	return out, nil
 }
 
-func (b *raftBackend) RegisterWorker(ctx context.Context, spec ingest.WorkerSpec) (uint64, error) {
+func (b *raftBackend) RegisterWorker(ctx context.Context, spec workerspec.Spec) (uint64, error) {
 	return b.onLeader(ctx, func() (uint64, error) {
 		index, err := b.node.RegisterWorker(ctx, spec)
 		if errors.Is(err, raftstore.ErrWorkerExists) {
@@ -334,7 +335,7 @@ func (b *raftBackend) afterBatch(index uint64, _ *ingest.StreamBatch, outcome ra
 
 func (b *raftBackend) workerRemoved(index uint64, id string) { b.feed.WorkerRemoved(id, index) }
 
-func (b *raftBackend) workersChanged(list []ingest.WorkerSpec) {
+func (b *raftBackend) workersChanged(list []workerspec.Spec) {
 	if f := b.onRegistry.Load(); f != nil {
 		(*f)()
 	}
@@ -391,7 +392,7 @@ func (b *raftBackend) followRegistry(ctx context.Context) {
 
 // logConflict logs, once per worker spec, that the registry and this node's
 // configuration disagree about a worker.
-func (b *raftBackend) logConflict(spec ingest.WorkerSpec, err error) {
+func (b *raftBackend) logConflict(spec workerspec.Spec, err error) {
 	if prev, seen := b.conflicts.Swap(spec.ID, spec.String()); !seen || prev != spec.String() {
 		b.log.Warn("the replicated registry and this node's configuration disagree about a worker; the configuration wins here",
 			"worker", spec.ID, "registry", spec.String(), "err", err)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
-	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 func startEngine(t *testing.T) *fakeengine.Engine {
@@ -59,12 +59,12 @@ func TestServerFollowsAnEngineAndReportsIt(t *testing.T) {
 	cfg.Ingest.PollInterval = 10 * time.Millisecond
 	cfg.Ingest.IdleReplayInterval = 20 * time.Millisecond
 	cfg.Ingest.DefaultBlockSize = 4
-	spec, err := ingest.ParseWorkerFlag("id=e1,model=" + e.Config().Model + ",endpoint=" + e.EventEndpoints()[0] +
+	spec, err := workerspec.Parse("id=e1,model=" + e.Config().Model + ",endpoint=" + e.EventEndpoints()[0] +
 		",replay=" + e.ReplayEndpoints()[0] + ",role=prefill")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Ingest.Workers = []ingest.WorkerSpec{spec}
+	cfg.Ingest.Workers = []workerspec.Spec{spec}
 	s, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)

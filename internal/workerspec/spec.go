@@ -1,4 +1,4 @@
-package ingest
+package workerspec
 
 import (
 	"bytes"
@@ -16,14 +16,14 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// ErrInvalidWorker is wrapped by every worker specification error; the message
+// ErrInvalid is wrapped by every worker specification error; the message
 // names the worker and the bad value.
-var ErrInvalidWorker = errors.New("invalid worker")
+var ErrInvalid = errors.New("invalid worker")
 
-// WorkerSpec is what the indexer knows about one inference engine: who it is, which
+// Spec is what the indexer knows about one inference engine: who it is, which
 // model it serves and where its event, replay and HTTP endpoints are. It mirrors
-// kvindex.v1.WorkerSpec (the replicated registry entry).
-type WorkerSpec struct {
+// kvindex.v1.Spec (the replicated registry entry).
+type Spec struct {
 	// ID names the worker in the index, in metrics and in NATS subjects: a pod
 	// name, host:port, or any string without whitespace.
 	ID    string `yaml:"id"`
@@ -45,22 +45,32 @@ type WorkerSpec struct {
 	// HTTP is the engine's OpenAI-compatible base URL (for routers; ingest ignores it).
 	HTTP string `yaml:"http"`
 	// Role is "", "aggregated", "prefill" or "decode" (for routers; ingest ignores it).
+	// "both", the fake engine's and vLLM-style spelling of aggregated, is read as
+	// "aggregated".
 	Role   string            `yaml:"role"`
 	Labels map[string]string `yaml:"labels"`
 }
 
-// Roles a WorkerSpec may name.
+// normalRole reads "both" as "aggregated".
+func normalRole(r string) string {
+	if r == "both" {
+		return "aggregated"
+	}
+	return r
+}
+
+// Roles a Spec may name.
 var workerRoles = []string{"", "aggregated", "prefill", "decode"}
 
 func invalidWorker(id, format string, args ...any) error {
 	if id == "" {
-		return fmt.Errorf("%w: %s", ErrInvalidWorker, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 	}
-	return fmt.Errorf("%w %q: %s", ErrInvalidWorker, id, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w %q: %s", ErrInvalid, id, fmt.Sprintf(format, args...))
 }
 
 // Validate reports the first bad value of w.
-func (w WorkerSpec) Validate() error {
+func (w Spec) Validate() error {
 	if w.ID == "" {
 		return invalidWorker("", "id must not be empty")
 	}
@@ -70,10 +80,10 @@ func (w WorkerSpec) Validate() error {
 	switch {
 	case w.Model == "":
 		return invalidWorker(w.ID, "model must not be empty")
-	case w.BlockSize < 0 || w.BlockSize > maxBlockSize:
-		return invalidWorker(w.ID, "block-size=%d must be between 1 and %d (0: from the events)", w.BlockSize, maxBlockSize)
-	case w.DPSize < 0 || w.DPSize > maxDPSize:
-		return invalidWorker(w.ID, "dp-size=%d must be between 1 and %d", w.DPSize, maxDPSize)
+	case w.BlockSize < 0 || w.BlockSize > MaxBlockSize:
+		return invalidWorker(w.ID, "block-size=%d must be between 1 and %d (0: from the events)", w.BlockSize, MaxBlockSize)
+	case w.DPSize < 0 || w.DPSize > MaxDPSize:
+		return invalidWorker(w.ID, "dp-size=%d must be between 1 and %d", w.DPSize, MaxDPSize)
 	case !slices.Contains(workerRoles, w.Role):
 		return invalidWorker(w.ID, "role=%q must be aggregated, prefill or decode", w.Role)
 	}
@@ -90,13 +100,15 @@ func (w WorkerSpec) Validate() error {
 	return nil
 }
 
+// Bounds of a worker's block size and data-parallel size, shared by every reader of
+// worker descriptions and engine events.
 const (
-	maxBlockSize = 1 << 16
-	maxDPSize    = 1024
+	MaxBlockSize = 1 << 16
+	MaxDPSize    = 1024
 )
 
 // Ranks is the number of data-parallel ranks (DPSize, at least 1).
-func (w WorkerSpec) Ranks() uint32 {
+func (w Spec) Ranks() uint32 {
 	if w.DPSize < 1 {
 		return 1
 	}
@@ -104,7 +116,7 @@ func (w WorkerSpec) Ranks() uint32 {
 }
 
 // EventEndpoint is the PUB endpoint of dp rank r ("" without Endpoint).
-func (w WorkerSpec) EventEndpoint(r uint32) (string, error) {
+func (w Spec) EventEndpoint(r uint32) (string, error) {
 	if w.Endpoint == "" {
 		return "", nil
 	}
@@ -112,7 +124,7 @@ func (w WorkerSpec) EventEndpoint(r uint32) (string, error) {
 }
 
 // ReplayEndpoint is the ROUTER endpoint of dp rank r ("" without Replay).
-func (w WorkerSpec) ReplayEndpoint(r uint32) (string, error) {
+func (w Spec) ReplayEndpoint(r uint32) (string, error) {
 	if w.Replay == "" {
 		return "", nil
 	}
@@ -120,7 +132,7 @@ func (w WorkerSpec) ReplayEndpoint(r uint32) (string, error) {
 }
 
 // Equal reports whether two specs say the same thing.
-func (w WorkerSpec) Equal(o WorkerSpec) bool {
+func (w Spec) Equal(o Spec) bool {
 	return maps.Equal(w.Labels, o.Labels) && w.String() == o.String()
 }
 
@@ -154,24 +166,24 @@ func OffsetEndpoint(ep string, r uint32) (string, error) {
 	return "", errors.New("want a tcp://, ipc:// or inproc:// endpoint")
 }
 
-// ParseWorkerFlag parses the --worker syntax: comma-separated key=value pairs with
+// Parse parses the --worker syntax: comma-separated key=value pairs with
 // keys id, model, block-size, dp-size, endpoint, topic, replay, http, role and
 // label.<name>, for example
 //
 //	id=w1,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,model=M,block-size=16,dp-size=2
 //
 // Values cannot contain commas. The result is validated.
-func ParseWorkerFlag(s string) (WorkerSpec, error) {
-	var w WorkerSpec
+func Parse(s string) (Spec, error) {
+	var w Spec
 	seen := map[string]bool{}
 	for _, kv := range strings.Split(s, ",") {
 		k, v, ok := strings.Cut(kv, "=")
 		k = strings.TrimSpace(k)
 		if !ok || k == "" {
-			return WorkerSpec{}, invalidWorker("", "--worker %q: %q is not key=value", s, kv)
+			return Spec{}, invalidWorker("", "--worker %q: %q is not key=value", s, kv)
 		}
 		if seen[k] {
-			return WorkerSpec{}, invalidWorker("", "--worker %q: %s given twice", s, k)
+			return Spec{}, invalidWorker("", "--worker %q: %s given twice", s, k)
 		}
 		seen[k] = true
 		var err error
@@ -193,11 +205,11 @@ func ParseWorkerFlag(s string) (WorkerSpec, error) {
 		case "http":
 			w.HTTP = v
 		case "role":
-			w.Role = v
+			w.Role = normalRole(v)
 		default:
 			name, isLabel := strings.CutPrefix(k, "label.")
 			if !isLabel || name == "" {
-				return WorkerSpec{}, invalidWorker("", "--worker %q: unknown key %q (want id, model, block-size, dp-size, endpoint, topic, replay, http, role or label.<name>)", s, k)
+				return Spec{}, invalidWorker("", "--worker %q: unknown key %q (want id, model, block-size, dp-size, endpoint, topic, replay, http, role or label.<name>)", s, k)
 			}
 			if w.Labels == nil {
 				w.Labels = map[string]string{}
@@ -205,14 +217,14 @@ func ParseWorkerFlag(s string) (WorkerSpec, error) {
 			w.Labels[name] = v
 		}
 		if err != nil {
-			return WorkerSpec{}, invalidWorker("", "--worker %q: %s=%q is not an integer", s, k, v)
+			return Spec{}, invalidWorker("", "--worker %q: %s=%q is not an integer", s, k, v)
 		}
 	}
 	return w, w.Validate()
 }
 
-// String formats w in the --worker syntax (ParseWorkerFlag's inverse).
-func (w WorkerSpec) String() string {
+// String formats w in the --worker syntax (Parse's inverse).
+func (w Spec) String() string {
 	var b strings.Builder
 	add := func(k, v string) {
 		if v == "" {
@@ -247,11 +259,11 @@ func (w WorkerSpec) String() string {
 	return b.String()
 }
 
-// WorkerList is a repeatable --worker flag.
-type WorkerList []WorkerSpec
+// List is a repeatable --worker flag.
+type List []Spec
 
 // String lists the workers in flag syntax, separated by spaces.
-func (l *WorkerList) String() string {
+func (l *List) String() string {
 	if l == nil {
 		return ""
 	}
@@ -263,8 +275,8 @@ func (l *WorkerList) String() string {
 }
 
 // Set parses one --worker value and appends it.
-func (l *WorkerList) Set(v string) error {
-	w, err := ParseWorkerFlag(v)
+func (l *List) Set(v string) error {
+	w, err := Parse(v)
 	if err != nil {
 		return err
 	}
@@ -282,22 +294,24 @@ func (l *WorkerList) Set(v string) error {
 //	    block-size: 16
 //	    dp-size: 2
 type workersFile struct {
-	Workers []WorkerSpec `yaml:"workers"`
+	Workers []Spec `yaml:"workers"`
 }
 
-// ParseWorkers parses a workers file (YAML, see workersFile); unknown keys are
+// ParseFile parses a workers file (YAML, see workersFile); unknown keys are
 // errors, every worker is validated and ids must be unique. An empty document is
 // an empty list.
-func ParseWorkers(data []byte) ([]WorkerSpec, error) {
+func ParseFile(data []byte) ([]Spec, error) {
 	var f workersFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	// io.EOF: an empty document.
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidWorker, err)
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	seen := map[string]bool{}
-	for i, w := range f.Workers {
+	for i := range f.Workers {
+		f.Workers[i].Role = normalRole(f.Workers[i].Role)
+		w := f.Workers[i]
 		if err := w.Validate(); err != nil {
 			return nil, fmt.Errorf("workers[%d]: %w", i, err)
 		}
@@ -309,13 +323,13 @@ func ParseWorkers(data []byte) ([]WorkerSpec, error) {
 	return f.Workers, nil
 }
 
-// LoadWorkersFile reads and parses a workers file.
-func LoadWorkersFile(path string) ([]WorkerSpec, error) {
+// LoadFile reads and parses a workers file.
+func LoadFile(path string) ([]Spec, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("workers file: %w", err)
 	}
-	ws, err := ParseWorkers(data)
+	ws, err := ParseFile(data)
 	if err != nil {
 		return nil, fmt.Errorf("workers file %s: %w", path, err)
 	}
