@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"fmt"
@@ -27,6 +28,13 @@ type APIConfig struct {
 	// AdminToken, when set, is the bearer token register, unregister, join,
 	// leave and snapshot require.
 	AdminToken string
+	// MaxConcurrentStreams bounds the calls open at once on one gRPC
+	// connection; MaxWatchStreams the Watch streams open at once (0: defaults).
+	MaxConcurrentStreams uint32
+	MaxWatchStreams      int
+	// HTTPWriteTimeout is how long writing one part of a REST dump may take (0:
+	// the server's own write timeout for the whole response).
+	HTTPWriteTimeout time.Duration
 	// Tokenizers maps models to tokenizers; Fallback, when not nil, serves
 	// models without one.
 	Tokenizers *tokenize.Registry
@@ -54,6 +62,10 @@ type API struct {
 	names            *namespaceNames
 	view             *viewCache
 	metrics          *apiMetrics
+	dumps            dumpSlot
+	maxStreams       uint32
+	watches          streamLimit
+	writeTimeout     time.Duration
 }
 
 // NewAPI returns the API of a node served by b, and names the changes of b's
@@ -72,7 +84,10 @@ func NewAPI(b Backend, cfg APIConfig, logger *slog.Logger) (*API, error) {
 		backend: b, log: logger, tokenizers: cfg.Tokenizers, fallback: cfg.Fallback,
 		defaultBlockSize: cfg.DefaultBlockSize, maxPromptTokens: cfg.MaxPromptTokens,
 		maxBodyBytes: cfg.MaxBodyBytes, adminToken: cfg.AdminToken,
-		gatherer: cfg.Gatherer, names: &namespaceNames{},
+		gatherer: cfg.Gatherer, names: &namespaceNames{}, dumps: newDumpSlot(),
+		writeTimeout: cfg.HTTPWriteTimeout,
+		maxStreams:   cmp.Or(cfg.MaxConcurrentStreams, DefaultConfig().GRPCMaxConcurrentStreams),
+		watches:      streamLimit{max: int64(cmp.Or(cfg.MaxWatchStreams, DefaultConfig().MaxWatchStreams))},
 	}
 	a.view = &viewCache{backend: b, log: logger, defaultBlockSize: cfg.DefaultBlockSize, names: a.names, ttl: viewTTL}
 	if _, err := a.view.get(context.Background()); err != nil {

@@ -576,6 +576,7 @@ func TestClusterOverMutualTLS(t *testing.T) {
 	pki := newTestPKI(t)
 	c := makeCluster(t, 2, func(cfg *Config) {
 		cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA = pki.peerCert, pki.peerKey, pki.caFile
+		cfg.RaftTLSCA, cfg.RaftTLSCert, cfg.RaftTLSKey = pki.raftCAFile, pki.raftCert, pki.raftKey
 	})
 	leader := c.leader(10 * time.Second)
 	follower := c.followers(leader)[0]

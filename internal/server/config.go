@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -59,9 +60,27 @@ type Config struct {
 	// TLSCert and TLSKey serve gRPC and REST over TLS; with TLSClientCA clients
 	// must present a certificate signed by it (mTLS).
 	TLSCert, TLSKey, TLSClientCA string
-	// AdminToken, when set, is required as a bearer token by register,
-	// unregister, join, leave and snapshot.
+	// RaftTLSCA, RaftTLSCert and RaftTLSKey authenticate the raft transport
+	// when TLS is on: members present RaftTLSCert (default TLSCert) and accept
+	// only peers whose certificate RaftTLSCA signed. A CA of its own, apart
+	// from TLSClientCA, so that no API client certificate can speak raft.
+	RaftTLSCA, RaftTLSCert, RaftTLSKey string
+	// AdminToken, when set, is required as a bearer token by every admin call
+	// (see access.go: all but the public reads).
 	AdminToken string
+	// InsecureNoAdminToken lets a node listen beyond loopback without
+	// AdminToken; without it such a node refuses to start.
+	InsecureNoAdminToken bool
+	// HTTPReadTimeout bounds reading a whole request, body included;
+	// HTTPWriteTimeout writing a response (a dump: each part of it);
+	// HTTPIdleTimeout how long a keep-alive connection may wait for its next
+	// request.
+	HTTPReadTimeout, HTTPWriteTimeout, HTTPIdleTimeout time.Duration
+	// GRPCMaxConcurrentStreams bounds the calls open at once on one gRPC
+	// connection; MaxWatchStreams the Watch streams open at once on the node
+	// (more: RESOURCE_EXHAUSTED).
+	GRPCMaxConcurrentStreams uint32
+	MaxWatchStreams          int
 	// Tokenizers are the --tokenizer <model>=<dir> values ("builtin" as dir
 	// selects the byte-level tokenizer of the fake engine); FallbackTokenizer
 	// ("" or "builtin") serves models without one.
@@ -83,17 +102,22 @@ func DefaultConfig() Config {
 		host = "indexer-0"
 	}
 	return Config{
-		NodeID:          host,
-		DataDir:         "data",
-		GRPCAddr:        "127.0.0.1:7070",
-		HTTPAddr:        "127.0.0.1:7080",
-		MaxBodyBytes:    4 << 20,
-		MaxPromptTokens: DefaultMaxPromptTokens,
-		WatchBuffer:     DefaultWatchBuffer,
-		LogLevel:        "info",
-		LogFormat:       "text",
-		Ingest:          ingest.DefaultManagerConfig(),
-		Raft:            raftstore.DefaultConfig(),
+		NodeID:                   host,
+		DataDir:                  "data",
+		GRPCAddr:                 "127.0.0.1:7070",
+		HTTPAddr:                 "127.0.0.1:7080",
+		MaxBodyBytes:             4 << 20,
+		MaxPromptTokens:          DefaultMaxPromptTokens,
+		WatchBuffer:              DefaultWatchBuffer,
+		HTTPReadTimeout:          30 * time.Second,
+		HTTPWriteTimeout:         60 * time.Second,
+		HTTPIdleTimeout:          120 * time.Second,
+		GRPCMaxConcurrentStreams: 256,
+		MaxWatchStreams:          64,
+		LogLevel:                 "info",
+		LogFormat:                "text",
+		Ingest:                   ingest.DefaultManagerConfig(),
+		Raft:                     raftstore.DefaultConfig(),
 	}
 }
 
@@ -120,6 +144,18 @@ func (c *Config) Validate() error {
 		return invalid("--tls-cert and --tls-key go together")
 	case c.TLSClientCA != "" && c.TLSCert == "":
 		return invalid("--tls-client-ca needs --tls-cert and --tls-key")
+	case c.RaftTLSCert != "" && c.TLSCert == "", c.RaftTLSCA != "" && c.TLSCert == "":
+		return invalid("--raft-tls-ca and --raft-tls-cert need --tls-cert and --tls-key (raft uses TLS when the API does)")
+	case (c.RaftTLSCert == "") != (c.RaftTLSKey == ""):
+		return invalid("--raft-tls-cert and --raft-tls-key go together")
+	case c.TLSCert != "" && c.RaftTLSCA == "":
+		return invalid("--tls-cert is set but --raft-tls-ca is not: with TLS on, the raft transport must authenticate its peers; give the CA that signs the members' raft certificates")
+	case c.HTTPReadTimeout <= 0 || c.HTTPWriteTimeout <= 0 || c.HTTPIdleTimeout <= 0:
+		return invalid("--http-read-timeout=%v, --http-write-timeout=%v and --http-idle-timeout=%v must be positive", c.HTTPReadTimeout, c.HTTPWriteTimeout, c.HTTPIdleTimeout)
+	case c.GRPCMaxConcurrentStreams < 1:
+		return invalid("--grpc-max-concurrent-streams=%d must be at least 1", c.GRPCMaxConcurrentStreams)
+	case c.MaxWatchStreams < 1:
+		return invalid("--max-watch-streams=%d must be at least 1", c.MaxWatchStreams)
 	case c.FallbackTokenizer != "" && c.FallbackTokenizer != BuiltinTokenizer:
 		return invalid("--fallback-tokenizer=%q must be empty or %q", c.FallbackTokenizer, BuiltinTokenizer)
 	}
@@ -137,6 +173,13 @@ func (c *Config) Validate() error {
 			return invalid("%s=%q is not host:port: %v", a.flag, a.v, err)
 		}
 	}
+	if c.AdminToken == "" && !c.InsecureNoAdminToken {
+		for _, a := range []struct{ flag, v string }{{"--grpc-addr", c.GRPCAddr}, {"--http-addr", c.HTTPAddr}} {
+			if !isLoopback(a.v) {
+				return invalid("%s=%s listens beyond loopback without --admin-token: anyone who reaches it could register workers, change the membership and take snapshots; set --admin-token (or KVINDEX_ADMIN_TOKEN), or --insecure-no-admin-token to accept that", a.flag, a.v)
+			}
+		}
+	}
 	rc := c.raftConfig()
 	if err := rc.Validate(); err != nil {
 		return invalid("%s", raftFlagNames.Replace(strings.TrimPrefix(err.Error(), raftstore.ErrInvalidConfig.Error()+": ")))
@@ -148,6 +191,25 @@ func (c *Config) Validate() error {
 		return invalid("%v", err)
 	}
 	return c.Ingest.Validate()
+}
+
+// uint32Flag is a flag of a uint32 value.
+type uint32Flag struct{ v *uint32 }
+
+func (f uint32Flag) String() string {
+	if f.v == nil {
+		return "0"
+	}
+	return strconv.FormatUint(uint64(*f.v), 10)
+}
+
+func (f uint32Flag) Set(s string) error {
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return err
+	}
+	*f.v = uint32(n)
+	return nil
 }
 
 // workerFlag is the repeatable --worker flag. Workers from the config file are its
@@ -216,7 +278,16 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate `file`: serve gRPC and REST over TLS (with --tls-key)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key `file` of --tls-cert")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", cfg.TLSClientCA, "PEM CA `file`: require client certificates signed by it (mTLS)")
-	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer `token` required by register, unregister, join, leave and snapshot (Authorization: Bearer <token>); empty: no check")
+	fs.StringVar(&cfg.RaftTLSCA, "raft-tls-ca", cfg.RaftTLSCA, "PEM CA `file` of the members' raft certificates; required with --tls-cert: the raft transport accepts only peers presenting a certificate it signed")
+	fs.StringVar(&cfg.RaftTLSCert, "raft-tls-cert", cfg.RaftTLSCert, "PEM certificate `file` this member presents on the raft transport, for server and client authentication (default: --tls-cert)")
+	fs.StringVar(&cfg.RaftTLSKey, "raft-tls-key", cfg.RaftTLSKey, "PEM private key `file` of --raft-tls-cert")
+	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer `token` every admin call needs (Authorization: Bearer <token>): register, unregister, join, leave, snapshot and any call not documented as public; empty: no check, allowed only on loopback listeners or with --insecure-no-admin-token")
+	fs.BoolVar(&cfg.InsecureNoAdminToken, "insecure-no-admin-token", cfg.InsecureNoAdminToken, "start without --admin-token although --grpc-addr or --http-addr listens beyond loopback (anyone who reaches them may change the registry and the membership)")
+	fs.DurationVar(&cfg.HTTPReadTimeout, "http-read-timeout", cfg.HTTPReadTimeout, "longest time to read an HTTP request, body included (slower: 408 and the connection closed)")
+	fs.DurationVar(&cfg.HTTPWriteTimeout, "http-write-timeout", cfg.HTTPWriteTimeout, "longest time to write an HTTP response (a dump: each part of it)")
+	fs.DurationVar(&cfg.HTTPIdleTimeout, "http-idle-timeout", cfg.HTTPIdleTimeout, "how long an idle keep-alive HTTP connection is kept open")
+	fs.Var(uint32Flag{&cfg.GRPCMaxConcurrentStreams}, "grpc-max-concurrent-streams", "most gRPC calls open at once on one connection (more wait for a free one)")
+	fs.IntVar(&cfg.MaxWatchStreams, "max-watch-streams", cfg.MaxWatchStreams, "most Watch streams open at once on this node (more: RESOURCE_EXHAUSTED)")
 	fs.Var(&tokenizerFlag{list: &cfg.Tokenizers, replaceOld: replaceLists}, "tokenizer",
 		"tokenizer of a model for text and chat prompts, repeatable, as `model=dir` (a Hugging Face tokenizer.json directory; dir \"builtin\": the fake engine's byte-level tokenizer)")
 	fs.StringVar(&cfg.FallbackTokenizer, "fallback-tokenizer", cfg.FallbackTokenizer, "tokenizer for models without --tokenizer: \"builtin\" or empty (text for such models is refused)")

@@ -36,7 +36,8 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 	}
 	for _, name := range []string{"node-id", "data-dir", "grpc-addr", "http-addr", "zmq-bind", "worker", "workers-file",
 		"kv-event-transport", "nats-url", "nats-subject-prefix", "block-size", "max-body-bytes", "config",
-		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
+		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "insecure-no-admin-token", "raft-tls-ca", "raft-tls-cert", "raft-tls-key",
+		"http-read-timeout", "http-write-timeout", "http-idle-timeout", "grpc-max-concurrent-streams", "max-watch-streams", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
 		"raft-addr", "raft-advertise", "grpc-advertise", "bootstrap", "join", "raft-batch-max-events", "raft-batch-max-wait",
 		"raft-snapshot-threshold", "raft-trailing-logs"} {
 		if !strings.Contains(help.String(), "--"+name+" ") {
@@ -91,6 +92,28 @@ admin-token: from-file
 	}
 }
 
+// TestNonLoopbackListenersNeedATokenOrTheInsecureFlag: beyond loopback, a node
+// starts with --admin-token or with --insecure-no-admin-token, never silently
+// open.
+func TestNonLoopbackListenersNeedATokenOrTheInsecureFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		ok   bool
+	}{
+		{[]string{"--grpc-addr", "127.0.0.1:7070", "--http-addr", "localhost:7080"}, true},
+		{[]string{"--grpc-addr", "[::1]:7070"}, true},
+		{[]string{"--grpc-addr", "0.0.0.0:7070"}, false},
+		{[]string{"--http-addr", "10.1.2.3:7080"}, false},
+		{[]string{"--grpc-addr", "0.0.0.0:7070", "--admin-token", "t"}, true},
+		{[]string{"--grpc-addr", "0.0.0.0:7070", "--insecure-no-admin-token"}, true},
+	} {
+		_, err := ParseFlags(append(c.args, "--raft-advertise", "10.0.0.1:7090"), &bytes.Buffer{}, env(nil))
+		if (err == nil) != c.ok {
+			t.Errorf("ParseFlags(%q) = %v, want ok=%v", c.args, err, c.ok)
+		}
+	}
+}
+
 func TestBadConfigNamesTheFlag(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, body string) string {
@@ -120,6 +143,11 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{[]string{"--tls-key", "k.pem"}, nil, "--tls-cert and --tls-key go together"},
 		{[]string{"--tokenizer", "no-equals-sign"}, nil, "want <model>=<dir>"},
 		{[]string{"stray"}, nil, "unexpected argument"},
+		{[]string{"--grpc-addr", "0.0.0.0:7070"}, nil, "--grpc-addr=0.0.0.0:7070 listens beyond loopback without --admin-token"},
+		{[]string{"--http-addr", ":7080"}, nil, "--http-addr=:7080 listens beyond loopback"},
+		{[]string{"--http-read-timeout", "0s"}, nil, "--http-read-timeout=0s"},
+		{[]string{"--max-watch-streams", "0"}, nil, "--max-watch-streams=0"},
+		{[]string{"--grpc-max-concurrent-streams", "0"}, nil, "--grpc-max-concurrent-streams=0"},
 		{nil, map[string]string{"KVINDEX_BLOCK_SIZE": "many"}, "KVINDEX_BLOCK_SIZE"},
 		{[]string{"--config", write("unknown.yaml", "colour: red\n")}, nil, `unknown key "colour"`},
 		{[]string{"--config", write("list.yaml", "node-id: [a, b]\n")}, nil, "node-id takes one value"},

@@ -38,6 +38,12 @@ var (
 	ErrPermissionDenied = errors.New("permission denied")
 	// ErrTooLarge: a body, a prompt or a hash list over its limit.
 	ErrTooLarge = errors.New("too large")
+	// ErrTooMany: a limit on concurrent requests of a kind (Watch streams,
+	// dumps) is reached; healthy clients of other kinds are still served.
+	ErrTooMany = errors.New("too many concurrent requests")
+	// ErrRequestTimeout: the client did not send its request (a slow body)
+	// within --http-read-timeout.
+	ErrRequestTimeout = errors.New("request timeout")
 	// ErrWatchLagging: a Watch stream fell too far behind the apply loop.
 	ErrWatchLagging = errors.New("watcher fell behind")
 	// ErrNotLeader: a write reached a node that is not the leader; a
@@ -95,6 +101,8 @@ var errorTable = []errorClass{
 	{ErrUnauthenticated, codes.Unauthenticated, http.StatusUnauthorized, "unauthenticated"},
 	{ErrPermissionDenied, codes.PermissionDenied, http.StatusForbidden, "permission_denied"},
 	{ErrTooLarge, codes.ResourceExhausted, http.StatusRequestEntityTooLarge, "too_large"},
+	{ErrTooMany, codes.ResourceExhausted, http.StatusTooManyRequests, "resource_exhausted"},
+	{ErrRequestTimeout, codes.DeadlineExceeded, http.StatusRequestTimeout, "request_timeout"},
 	{ErrWatchLagging, codes.ResourceExhausted, http.StatusTooManyRequests, "watch_lagging"},
 	{ErrNotLeader, codes.Unavailable, http.StatusServiceUnavailable, "not_leader"},
 	{ErrUnavailable, codes.Unavailable, http.StatusServiceUnavailable, "unavailable"},

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
@@ -34,6 +35,12 @@ func (a *API) GRPCServer(creds credentials.TransportCredentials, healthSrv *heal
 		grpc.ChainUnaryInterceptor(a.unaryInterceptor),
 		grpc.ChainStreamInterceptor(a.streamInterceptor),
 		grpc.MaxRecvMsgSize(int(a.maxBodyBytes)),
+		grpc.MaxConcurrentStreams(a.maxStreams),
+		// Clients may ping no more often than every grpcKeepaliveMinTime (faster:
+		// the connection is closed, GOAWAY too_many_pings); the server pings
+		// idle connections itself, so that a dead Watch client frees its slot.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcKeepaliveMinTime, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: grpcKeepaliveTime, Timeout: grpcKeepaliveTimeout}),
 	}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
@@ -47,32 +54,29 @@ func (a *API) GRPCServer(creds credentials.TransportCredentials, healthSrv *heal
 	return s
 }
 
-// adminMethods need the admin token; AdminService.Cluster is read-only.
-var adminMethods = map[string]bool{
-	kvindexv1.AdminService_RegisterWorker_FullMethodName:   true,
-	kvindexv1.AdminService_UnregisterWorker_FullMethodName: true,
-	kvindexv1.AdminService_Join_FullMethodName:             true,
-	kvindexv1.AdminService_Leave_FullMethodName:            true,
-	kvindexv1.AdminService_Snapshot_FullMethodName:         true,
-}
+// Keepalive: the shortest ping interval a client may use, and when the server
+// pings a silent connection and how long it waits for the answer.
+const (
+	grpcKeepaliveMinTime = 10 * time.Second
+	grpcKeepaliveTime    = time.Minute
+	grpcKeepaliveTimeout = 20 * time.Second
+)
 
-func (a *API) authorize(ctx context.Context, method string) error {
-	if !adminMethods[method] {
-		return nil
-	}
+// authorizeCall checks a gRPC call against methodAccess.
+func (a *API) authorizeCall(ctx context.Context, method string) error {
 	var auth string
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if v := md.Get("authorization"); len(v) > 0 {
 			auth = v[0]
 		}
 	}
-	return a.checkAdmin(auth)
+	return a.authorize(methodAccess(method), auth)
 }
 
 func (a *API) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	start := time.Now()
 	var resp any
-	err := a.authorize(ctx, info.FullMethod)
+	err := a.authorizeCall(ctx, info.FullMethod)
 	if err == nil {
 		resp, err = handler(ctx, req)
 	}
@@ -83,7 +87,7 @@ func (a *API) unaryInterceptor(ctx context.Context, req any, info *grpc.UnarySer
 
 func (a *API) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	start := time.Now()
-	err := a.authorize(ss.Context(), info.FullMethod)
+	err := a.authorizeCall(ss.Context(), info.FullMethod)
 	if err == nil {
 		err = handler(srv, ss)
 	}
@@ -316,6 +320,11 @@ func (a *API) stats() *kvindexv1.StatsResponse {
 const maxChangesPerMessage = 4096
 
 func (s indexService) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStreamingServer[kvindexv1.WatchResponse]) error {
+	release, err := s.a.watches.acquire("Watch")
+	if err != nil {
+		return err
+	}
+	defer release()
 	sub := s.a.backend.Changes().Subscribe(req.Workers, req.Model)
 	defer sub.Close()
 	// Headers go out now, so a client knows the subscription exists before the
@@ -364,6 +373,11 @@ func (s indexService) Dump(req *kvindexv1.DumpRequest, stream grpc.ServerStreami
 // dump sends the index as STORED changes, in messages of at most
 // maxChangesPerMessage changes (at least one message).
 func (a *API) dump(ctx context.Context, req *kvindexv1.DumpRequest, send func(*kvindexv1.DumpResponse) error) error {
+	release, err := a.dumps.acquire()
+	if err != nil {
+		return err
+	}
+	defer release()
 	var keep func(worker string) bool
 	if len(req.Workers) > 0 || req.Model != "" {
 		view, err := a.view.get(ctx)
@@ -451,6 +465,9 @@ func (s adminService) RegisterWorker(ctx context.Context, req *kvindexv1.Registe
 }
 
 func (a *API) registerWorker(ctx context.Context, spec workerspec.Spec) (uint64, error) {
+	if err := checkNames("worker id", spec.ID, "model", spec.Model); err != nil {
+		return 0, err
+	}
 	if err := spec.Validate(); err != nil {
 		return 0, err
 	}

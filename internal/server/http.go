@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -43,44 +44,21 @@ var (
 // Bodies are limited to MaxBodyBytes (413); errors are {"error":{"code","message"}}.
 func (a *API) Handler() http.Handler {
 	mux := http.NewServeMux()
-	handle := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
-		method := strings.TrimPrefix(pattern[strings.IndexByte(pattern, ' ')+1:], "/")
-		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+	for _, rt := range a.routes() {
+		method := strings.TrimPrefix(rt.pattern[strings.IndexByte(rt.pattern, ' ')+1:], "/")
+		mux.HandleFunc(rt.pattern, func(w http.ResponseWriter, r *http.Request) {
 			start := time.Now()
 			rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
-			if err := h(rec, r); err != nil {
+			err := a.authorize(rt.access, r.Header.Get("Authorization"))
+			if err == nil {
+				err = rt.handler(rec, r)
+			}
+			if err != nil {
 				writeError(rec, err)
 			}
 			a.metrics.observe("http", method, strconv.Itoa(rec.code), start)
 		})
 	}
-	if a.gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(a.gatherer, promhttp.HandlerOpts{ErrorLog: slog2log{a}}))
-	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if err := a.backend.Ready(); err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "not ready: %s\n", strings.TrimPrefix(err.Error(), ErrUnavailable.Error()+": "))
-			return
-		}
-		w.Write([]byte("ready\n"))
-	})
-	handle("GET /workers", a.handleWorkers)
-	handle("GET /cluster", a.handleCluster)
-	handle("GET /dump", a.handleDump)
-	handle("GET /v1/stats", func(w http.ResponseWriter, _ *http.Request) error { return writeProto(w, a.stats()) })
-	handle("POST /v1/score", a.handleScore)
-	handle("POST /v1/query_by_hash", a.handleTypedQueryByHash)
-	handle("POST /kv-cache/hit-rate", a.handleHitRate)
-	handle("POST /query", a.handleQuery)
-	handle("POST /query_by_hash", a.handleQueryByHash)
-	handle("POST /register", a.handleRegister)
-	handle("POST /unregister", a.handleUnregister)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		for _, m := range []string{http.MethodGet, http.MethodPost} {
 			probe := r.Clone(r.Context())
@@ -102,6 +80,57 @@ func (a *API) Handler() http.Handler {
 	})
 }
 
+// route is one REST endpoint: its ServeMux pattern, the credential it needs
+// (accessAdmin unless stated) and its handler.
+type route struct {
+	pattern string
+	access  access
+	handler func(http.ResponseWriter, *http.Request) error
+}
+
+// routes are every REST endpoint Handler serves; nothing is served outside
+// this table, so the access test sees every route.
+func (a *API) routes() []route {
+	rs := []route{
+		{"GET /healthz", accessPublic, func(w http.ResponseWriter, _ *http.Request) error {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Write([]byte("ok\n"))
+			return nil
+		}},
+		{"GET /readyz", accessPublic, a.handleReadyz},
+		{"GET /workers", accessPublic, a.handleWorkers},
+		{"GET /cluster", accessPublic, a.handleCluster},
+		{"GET /dump", accessPublic, a.handleDump},
+		{"GET /v1/stats", accessPublic, func(w http.ResponseWriter, _ *http.Request) error { return writeProto(w, a.stats()) }},
+		{"POST /v1/score", accessPublic, a.handleScore},
+		{"POST /v1/query_by_hash", accessPublic, a.handleTypedQueryByHash},
+		{"POST /kv-cache/hit-rate", accessPublic, a.handleHitRate},
+		{"POST /query", accessPublic, a.handleQuery},
+		{"POST /query_by_hash", accessPublic, a.handleQueryByHash},
+		{"POST /register", accessAdmin, a.handleRegister},
+		{"POST /unregister", accessAdmin, a.handleUnregister},
+	}
+	if a.gatherer != nil {
+		metrics := promhttp.HandlerFor(a.gatherer, promhttp.HandlerOpts{ErrorLog: slog2log{a}})
+		rs = append(rs, route{"GET /metrics", accessPublic, func(w http.ResponseWriter, r *http.Request) error {
+			metrics.ServeHTTP(w, r)
+			return nil
+		}})
+	}
+	return rs
+}
+
+func (a *API) handleReadyz(w http.ResponseWriter, _ *http.Request) error {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if err := a.backend.Ready(); err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not ready: %s\n", strings.TrimPrefix(err.Error(), ErrUnavailable.Error()+": "))
+		return nil
+	}
+	w.Write([]byte("ready\n"))
+	return nil
+}
+
 // statusRecorder remembers the status code written, for metrics.
 type statusRecorder struct {
 	http.ResponseWriter
@@ -112,6 +141,9 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.code = code
 	r.ResponseWriter.WriteHeader(code)
 }
+
+// Unwrap lets http.ResponseController reach the connection (write deadlines).
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 func (r *statusRecorder) Flush() {
 	if f, ok := r.ResponseWriter.(http.Flusher); ok {
@@ -128,9 +160,12 @@ func (l slog2log) Println(v ...any) { l.a.log.Warn("metrics endpoint", "err", fm
 func readBody(r *http.Request) ([]byte, error) {
 	body, err := io.ReadAll(r.Body)
 	var tooLarge *http.MaxBytesError
+	var netErr net.Error
 	switch {
 	case errors.As(err, &tooLarge):
 		return nil, fmt.Errorf("%w: the request body is over %d bytes (--max-body-bytes)", ErrTooLarge, tooLarge.Limit)
+	case errors.As(err, &netErr) && netErr.Timeout():
+		return nil, fmt.Errorf("%w: the request body did not arrive within --http-read-timeout", ErrRequestTimeout)
 	case err != nil:
 		return nil, fmt.Errorf("%w: reading the request body: %v", ErrInvalidArgument, err)
 	case len(bytes.TrimSpace(body)) == 0:
@@ -324,7 +359,13 @@ func suffrageJSON(s kvindexv1.Suffrage) string {
 func (a *API) handleDump(w http.ResponseWriter, r *http.Request) error {
 	req := &kvindexv1.DumpRequest{Workers: r.URL.Query()["worker"], Model: r.URL.Query().Get("model")}
 	wrote, changes := false, 0
+	rc := http.NewResponseController(w)
 	err := a.dump(r.Context(), req, func(m *kvindexv1.DumpResponse) error {
+		// A dump may take longer than --http-write-timeout as a whole; each part
+		// gets the timeout of its own, so only a stalled reader is cut off.
+		if a.writeTimeout > 0 {
+			rc.SetWriteDeadline(time.Now().Add(a.writeTimeout))
+		}
 		var buf bytes.Buffer
 		if !wrote {
 			w.Header().Set("Content-Type", "application/json")
@@ -372,9 +413,6 @@ type registerJSON struct {
 }
 
 func (a *API) handleRegister(w http.ResponseWriter, r *http.Request) error {
-	if err := a.checkAdmin(r.Header.Get("Authorization")); err != nil {
-		return err
-	}
 	body, err := readBody(r)
 	if err != nil {
 		return err
@@ -523,9 +561,6 @@ type unregisterJSON struct {
 }
 
 func (a *API) handleUnregister(w http.ResponseWriter, r *http.Request) error {
-	if err := a.checkAdmin(r.Header.Get("Authorization")); err != nil {
-		return err
-	}
 	var req unregisterJSON
 	if err := decodeJSON(r, &req); err != nil {
 		return err

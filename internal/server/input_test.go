@@ -195,6 +195,8 @@ func TestErrorTableMapsEverySentinel(t *testing.T) {
 		{ErrPermissionDenied, codes.PermissionDenied, 403},
 		{ErrTooLarge, codes.ResourceExhausted, 413},
 		{ErrWatchLagging, codes.ResourceExhausted, 429},
+		{ErrTooMany, codes.ResourceExhausted, 429},
+		{ErrRequestTimeout, codes.DeadlineExceeded, 408},
 		{&NotLeaderError{LeaderID: "n2", LeaderAddr: "10.0.0.2:7070"}, codes.Unavailable, 503},
 		{ErrUnavailable, codes.Unavailable, 503},
 		{ErrNotSupported, codes.Unimplemented, 501},

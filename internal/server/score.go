@@ -70,6 +70,9 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 	if q.model == "" {
 		return nil, invalidArg("model is required")
 	}
+	if err := checkNames("model", q.model, "lora_name", q.lora, "cache_salt", q.salt); err != nil {
+		return nil, err
+	}
 	if q.blockSize < 0 || q.blockSize > maxBlockSize {
 		return nil, invalidArg("block_size=%d must be between 1 and %d", q.blockSize, maxBlockSize)
 	}
@@ -109,7 +112,9 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 	res.totalBlocks = len(keys)
 	ns := kvblock.Namespace{Model: q.model, LoRA: q.lora, CacheSalt: q.salt}
 	nsID := ns.ID()
-	a.names.learn(nsID, ns)
+	if mv != nil { // names of unregistered models would let queries fill the table
+		a.names.learn(nsID, ns)
+	}
 
 	// Candidates in id order, and the filter of those that can hold these keys:
 	// workers of the model with the same block size.

@@ -104,8 +104,12 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	rc.BeforeBatch = s.backend.beforeBatch
 	rc.OnBatch = s.backend.afterBatch
 	rc.OnWorkerRemoved = s.backend.workerRemoved
-	if s.tls != nil {
-		if rc.StreamLayer, err = raftstore.NewTLSStreamLayer(rc.RaftAddr, rc.RaftAdvertise, s.tls, cfg.peerTLS(s.tls)); err != nil {
+	raftServer, raftClient, err := cfg.raftTLS()
+	if err != nil {
+		return nil, err
+	}
+	if raftServer != nil {
+		if rc.StreamLayer, err = raftstore.NewTLSStreamLayer(rc.RaftAddr, rc.RaftAdvertise, raftServer, raftClient); err != nil {
 			return nil, fmt.Errorf("--raft-addr %s: %w", rc.RaftAddr, err)
 		}
 	}
@@ -120,7 +124,9 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	s.api, err = NewAPI(s.backend, APIConfig{
 		DefaultBlockSize: cfg.Ingest.DefaultBlockSize, MaxPromptTokens: cfg.MaxPromptTokens,
 		MaxBodyBytes: cfg.MaxBodyBytes, AdminToken: cfg.AdminToken, Tokenizers: tokenizers, Fallback: fallback,
-		Registerer: s.reg, Gatherer: s.reg,
+		MaxConcurrentStreams: cfg.GRPCMaxConcurrentStreams, MaxWatchStreams: cfg.MaxWatchStreams,
+		HTTPWriteTimeout: cfg.HTTPWriteTimeout,
+		Registerer:       s.reg, Gatherer: s.reg,
 	}, logger)
 	if err != nil {
 		return nil, err
@@ -129,7 +135,10 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	s.backend.onRegistry.Store(&invalidate)
 	s.http = &http.Server{
 		Handler:           s.api.Handler(),
-		ReadHeaderTimeout: readHeaderTimeout,
+		ReadHeaderTimeout: min(readHeaderTimeout, cfg.HTTPReadTimeout),
+		ReadTimeout:       cfg.HTTPReadTimeout,
+		WriteTimeout:      cfg.HTTPWriteTimeout,
+		IdleTimeout:       cfg.HTTPIdleTimeout,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		TLSConfig:         s.tls,
 	}
@@ -140,7 +149,25 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	s.health = health.NewServer()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	s.grpc = s.api.GRPCServer(creds, s.health)
+	s.warnIfExposed()
 	return s, nil
+}
+
+// warnIfExposed logs, loudly, each listener beyond loopback that serves
+// without TLS: whoever reaches the raft port can rewrite the index, and the
+// API's admin token then crosses the network in clear.
+func (s *Server) warnIfExposed() {
+	if s.tls != nil {
+		return
+	}
+	for _, l := range []struct{ flag, addr string }{
+		{"--raft-addr", s.cfg.Raft.RaftAddr}, {"--grpc-addr", s.cfg.GRPCAddr}, {"--http-addr", s.cfg.HTTPAddr},
+	} {
+		if !isLoopback(l.addr) {
+			s.log.Warn("INSECURE: a listener beyond loopback without TLS; anyone who reaches it can read the index, and on the raft port rewrite it. Set --tls-cert, --tls-key and --raft-tls-ca",
+				"flag", l.flag, "addr", l.addr)
+		}
+	}
 }
 
 func (s *Server) closeListeners() {

@@ -21,18 +21,55 @@ func (c *Config) tlsConfig() (*tls.Config, error) {
 	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if c.TLSClientCA != "" {
-		pem, err := os.ReadFile(c.TLSClientCA)
+		pool, err := loadCA("--tls-client-ca", c.TLSClientCA)
 		if err != nil {
-			return nil, invalid("--tls-client-ca: %v", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, invalid("--tls-client-ca %s: no PEM certificate in it", c.TLSClientCA)
+			return nil, err
 		}
 		cfg.ClientCAs = pool
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return cfg, nil
+}
+
+func loadCA(flag, path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, invalid("%s: %v", flag, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, invalid("%s %s: no PEM certificate in it", flag, path)
+	}
+	return pool, nil
+}
+
+// raftTLS is how the raft transport accepts (server) and dials (client) when TLS
+// is on; both nil otherwise. Peers authenticate each other: each presents
+// --raft-tls-cert (default --tls-cert) and accepts only certificates signed by
+// --raft-tls-ca. That CA is kept apart from --tls-client-ca on purpose: a
+// certificate issued to an API client must not let it speak raft, where it
+// could append to the log or install a snapshot. The raft CA should sign
+// member certificates only.
+func (c *Config) raftTLS() (server, client *tls.Config, err error) {
+	if c.TLSCert == "" {
+		return nil, nil, nil
+	}
+	certFile, keyFile, flag := c.TLSCert, c.TLSKey, "--tls-cert/--tls-key"
+	if c.RaftTLSCert != "" {
+		certFile, keyFile, flag = c.RaftTLSCert, c.RaftTLSKey, "--raft-tls-cert/--raft-tls-key"
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, nil, invalid("%s: %v", flag, err)
+	}
+	pool, err := loadCA("--raft-tls-ca", c.RaftTLSCA)
+	if err != nil {
+		return nil, nil, err
+	}
+	server = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert,
+		MinVersion: tls.VersionTLS12}
+	client = &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12}
+	return server, client, nil
 }
 
 // tokenizers loads the --tokenizer specs into a registry and returns it with the

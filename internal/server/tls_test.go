@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -18,14 +19,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/internal/raftstore"
 )
 
-// testPKI is a CA with a server and a client certificate, as PEM files.
+// testPKI is the user CA with a server, a member and a client certificate, and
+// the raft CA with a member's raft certificate, as PEM files.
 type testPKI struct {
 	dir                  string
 	caFile               string
@@ -35,23 +39,31 @@ type testPKI struct {
 	peerCert, peerKey string
 	clientCert        tls.Certificate
 	pool              *x509.CertPool
+	// raftCA signs raftCert only (--raft-tls-ca, --raft-tls-cert).
+	raftCAFile, raftCert, raftKey string
+	raftPeer                      tls.Certificate
 }
 
 func newTestPKI(t *testing.T) *testPKI {
 	t.Helper()
 	dir := t.TempDir()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kvindex test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true,
+	newCA := func(name string) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true,
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ca, _ := x509.ParseCertificate(der)
+		return ca, key, der
 	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	issue := func(serial int64, name string, usage ...x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey) {
+	ca, caKey, caDER := newCA("kvindex test CA")
+	raftCA, raftCAKey, raftCADER := newCA("kvindex test raft CA")
+	issue := func(ca *x509.Certificate, caKey *ecdsa.PrivateKey, serial int64, name string, usage ...x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey) {
 		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		tmpl := &x509.Certificate{
 			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
@@ -79,19 +91,38 @@ func newTestPKI(t *testing.T) *testPKI {
 		}
 		return der
 	}
-	p := &testPKI{dir: dir, caFile: write("ca.pem", "CERTIFICATE", caDER), pool: x509.NewCertPool()}
-	p.pool.AddCert(ca)
-	sDER, sKey := issue(2, "indexer", x509.ExtKeyUsageServerAuth)
-	p.serverCert, p.serverKy = write("server.pem", "CERTIFICATE", sDER), write("server-key.pem", "EC PRIVATE KEY", keyDER(sKey))
-	pDER, pKey := issue(4, "indexer-peer", x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
-	p.peerCert, p.peerKey = write("peer.pem", "CERTIFICATE", pDER), write("peer-key.pem", "EC PRIVATE KEY", keyDER(pKey))
-	cDER, cKey := issue(3, "client", x509.ExtKeyUsageClientAuth)
-	p.clientCert, err = tls.X509KeyPair(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cDER}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER(cKey)}))
-	if err != nil {
-		t.Fatal(err)
+	pair := func(der []byte, key *ecdsa.PrivateKey) tls.Certificate {
+		c, err := tls.X509KeyPair(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+			pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER(key)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
 	}
+	p := &testPKI{dir: dir, caFile: write("ca.pem", "CERTIFICATE", caDER), pool: x509.NewCertPool(),
+		raftCAFile: write("raft-ca.pem", "CERTIFICATE", raftCADER)}
+	p.pool.AddCert(ca)
+	sDER, sKey := issue(ca, caKey, 2, "indexer", x509.ExtKeyUsageServerAuth)
+	p.serverCert, p.serverKy = write("server.pem", "CERTIFICATE", sDER), write("server-key.pem", "EC PRIVATE KEY", keyDER(sKey))
+	pDER, pKey := issue(ca, caKey, 4, "indexer-peer", x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
+	p.peerCert, p.peerKey = write("peer.pem", "CERTIFICATE", pDER), write("peer-key.pem", "EC PRIVATE KEY", keyDER(pKey))
+	cDER, cKey := issue(ca, caKey, 3, "client", x509.ExtKeyUsageClientAuth)
+	p.clientCert = pair(cDER, cKey)
+	rDER, rKey := issue(raftCA, raftCAKey, 5, "indexer-raft", x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
+	p.raftCert, p.raftKey = write("raft.pem", "CERTIFICATE", rDER), write("raft-key.pem", "EC PRIVATE KEY", keyDER(rKey))
+	p.raftPeer = pair(rDER, rKey)
 	return p
+}
+
+// newMutualTLSFixture serves one engine's worker with --tls-cert, --tls-key,
+// --tls-client-ca and the raft CA and certificate; its clients present the
+// client certificate.
+func newMutualTLSFixture(t *testing.T, pki *testPKI) *fixture {
+	clientTLS := &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{pki.clientCert}, ServerName: "127.0.0.1"}
+	return newFixture(t, fixtureOptions{engines: defaultEngines[:1], clientTLS: clientTLS, configure: func(c *Config) {
+		c.TLSCert, c.TLSKey, c.TLSClientCA = pki.serverCert, pki.serverKy, pki.caFile
+		c.RaftTLSCA, c.RaftTLSCert, c.RaftTLSKey = pki.raftCAFile, pki.raftCert, pki.raftKey
+	}})
 }
 
 // TestMutualTLS serves gRPC and REST with --tls-cert/--tls-key/--tls-client-ca:
@@ -99,10 +130,7 @@ func newTestPKI(t *testing.T) *testPKI {
 // speaking plaintext, is refused.
 func TestMutualTLS(t *testing.T) {
 	pki := newTestPKI(t)
-	clientTLS := &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{pki.clientCert}, ServerName: "127.0.0.1"}
-	f := newFixture(t, fixtureOptions{engines: defaultEngines[:1], clientTLS: clientTLS, configure: func(c *Config) {
-		c.TLSCert, c.TLSKey, c.TLSClientCA = pki.serverCert, pki.serverKy, pki.caFile
-	}})
+	f := newMutualTLSFixture(t, pki)
 	ctx := context.Background()
 	f.generate("e0", 0, tokens(0, 8), "")
 	resp, err := f.index.Score(ctx, &kvindexv1.ScoreRequest{Model: testModel, TokenIds: tokens(0, 8)})
@@ -146,9 +174,17 @@ func TestTLSConfigErrors(t *testing.T) {
 		want      string
 	}{
 		{func(c *Config) { c.TLSCert = pki.serverCert }, "--tls-cert and --tls-key go together"},
+		{func(c *Config) { c.TLSCert, c.TLSKey = pki.serverCert, pki.serverKy }, "--raft-tls-ca is not"},
+		{func(c *Config) { c.RaftTLSCA = pki.raftCAFile }, "need --tls-cert"},
+		{func(c *Config) {
+			c.TLSCert, c.TLSKey, c.RaftTLSCA, c.RaftTLSCert = pki.serverCert, pki.serverKy, pki.raftCAFile, pki.raftCert
+		}, "--raft-tls-cert and --raft-tls-key go together"},
+		{func(c *Config) { c.TLSCert, c.TLSKey, c.RaftTLSCA = pki.serverCert, pki.serverKy, pki.raftKey }, "--raft-tls-ca"},
 		{func(c *Config) { c.TLSClientCA = pki.caFile }, "--tls-client-ca needs"},
-		{func(c *Config) { c.TLSCert, c.TLSKey = pki.serverCert, pki.caFile }, "--tls-cert/--tls-key"},
-		{func(c *Config) { c.TLSCert, c.TLSKey, c.TLSClientCA = pki.serverCert, pki.serverKy, pki.serverKy }, "no PEM certificate"},
+		{func(c *Config) { c.TLSCert, c.TLSKey, c.RaftTLSCA = pki.serverCert, pki.caFile, pki.raftCAFile }, "--tls-cert/--tls-key"},
+		{func(c *Config) {
+			c.TLSCert, c.TLSKey, c.TLSClientCA, c.RaftTLSCA = pki.serverCert, pki.serverKy, pki.serverKy, pki.raftCAFile
+		}, "no PEM certificate"},
 		{func(c *Config) { c.Tokenizers[0].Dir = filepath.Join(pki.dir, "missing") }, "--tokenizer=" + testModel},
 		{func(c *Config) { c.FallbackTokenizer = "gpt2" }, "--fallback-tokenizer"},
 	} {
@@ -157,5 +193,55 @@ func TestTLSConfigErrors(t *testing.T) {
 		if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("New = %v, want an error mentioning %q", err, c.want)
 		}
+	}
+}
+
+// TestRaftTransportAuthenticatesPeers dials the raft port of a node with TLS as
+// raft itself would: in plaintext, with the API client certificate (from the
+// user CA) and with the member certificate of the user CA it is refused; with
+// a certificate of --raft-tls-ca it is answered.
+func TestRaftTransportAuthenticatesPeers(t *testing.T) {
+	pki := newTestPKI(t)
+	f := newMutualTLSFixture(t, pki)
+	peerCert, err := tls.LoadX509KeyPair(pki.peerCert, pki.peerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raftPool := x509.NewCertPool()
+	raftPEM, _ := os.ReadFile(pki.raftCAFile)
+	raftPool.AppendCertsFromPEM(raftPEM)
+	for _, c := range []struct {
+		name   string
+		client *tls.Config // nil: plaintext
+		served bool
+	}{
+		{"plaintext", nil, false},
+		{"API client certificate", &tls.Config{RootCAs: raftPool, Certificates: []tls.Certificate{pki.clientCert}}, false},
+		{"member certificate of the user CA", &tls.Config{RootCAs: raftPool, Certificates: []tls.Certificate{peerCert}}, false},
+		{"no certificate", &tls.Config{RootCAs: raftPool}, false},
+		{"raft certificate", &tls.Config{RootCAs: raftPool, Certificates: []tls.Certificate{pki.raftPeer}}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var layer raft.StreamLayer
+			var err error
+			if c.client == nil {
+				layer, err = raftstore.NewTCPStreamLayer("127.0.0.1:0", "")
+			} else {
+				layer, err = raftstore.NewTLSStreamLayer("127.0.0.1:0", "", &tls.Config{Certificates: []tls.Certificate{pki.raftPeer}}, c.client)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr := raft.NewNetworkTransport(layer, 1, 2*time.Second, io.Discard)
+			defer tr.Close()
+			var resp raft.RequestVoteResponse
+			err = tr.RequestVote("node-a", raft.ServerAddress(f.srv.RaftAddr()), &raft.RequestVoteRequest{
+				RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("intruder"), Addr: []byte(layer.Addr().String())},
+				Term:      1, LastLogIndex: 0, LastLogTerm: 0,
+			}, &resp)
+			if served := err == nil; served != c.served {
+				t.Errorf("RequestVote over %s: err = %v, want served=%v", c.name, err, c.served)
+			}
+		})
 	}
 }

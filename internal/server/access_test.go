@@ -1,0 +1,129 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
+)
+
+// wantAccess is the credential each served gRPC method and REST route must
+// require. A method or route that is served but not listed here fails the
+// test: whoever adds one decides here, knowingly, that it may be public.
+var wantAccess = map[string]access{
+	"/kvindex.v1.IndexService/Score":                                 accessPublic,
+	"/kvindex.v1.IndexService/QueryByHash":                           accessPublic,
+	"/kvindex.v1.IndexService/Workers":                               accessPublic,
+	"/kvindex.v1.IndexService/Stats":                                 accessPublic,
+	"/kvindex.v1.IndexService/Watch":                                 accessPublic,
+	"/kvindex.v1.IndexService/Dump":                                  accessPublic, // one at a time
+	"/kvindex.v1.AdminService/Cluster":                               accessPublic,
+	"/kvindex.v1.AdminService/RegisterWorker":                        accessAdmin,
+	"/kvindex.v1.AdminService/UnregisterWorker":                      accessAdmin,
+	"/kvindex.v1.AdminService/Join":                                  accessAdmin,
+	"/kvindex.v1.AdminService/Leave":                                 accessAdmin,
+	"/kvindex.v1.AdminService/Snapshot":                              accessAdmin,
+	"/indexer.v1.IndexerService/GetPodScores":                        accessPublic,
+	"/grpc.health.v1.Health/Check":                                   accessPublic,
+	"/grpc.health.v1.Health/List":                                    accessPublic,
+	"/grpc.health.v1.Health/Watch":                                   accessPublic,
+	"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":      accessPublic,
+	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": accessPublic,
+
+	"GET /healthz":            accessPublic,
+	"GET /readyz":             accessPublic,
+	"GET /metrics":            accessPublic,
+	"GET /workers":            accessPublic,
+	"GET /cluster":            accessPublic,
+	"GET /dump":               accessPublic, // one at a time
+	"GET /v1/stats":           accessPublic,
+	"POST /v1/score":          accessPublic,
+	"POST /v1/query_by_hash":  accessPublic,
+	"POST /kv-cache/hit-rate": accessPublic,
+	"POST /query":             accessPublic,
+	"POST /query_by_hash":     accessPublic,
+	"POST /register":          accessAdmin,
+	"POST /unregister":        accessAdmin,
+}
+
+// TestEveryEndpointHasItsAccessPolicy walks the services the gRPC server
+// actually registered and the REST routes the handler actually serves, and
+// calls each one without a token: an admin one must answer UNAUTHENTICATED /
+// 401 before doing anything, a public one must not.
+func TestEveryEndpointHasItsAccessPolicy(t *testing.T) {
+	f := newFixture(t, fixtureOptions{engines: defaultEngines[:1], configure: func(c *Config) { c.AdminToken = adminToken }})
+	if methodAccess("/kvindex.v1.AdminService/SomethingNew") != accessAdmin {
+		t.Error("a method nobody classified is not admin-only")
+	}
+	if (route{}).access != accessAdmin {
+		t.Error("a route without an explicit access is not admin-only")
+	}
+	served := 0
+	for svc, info := range f.srv.grpc.GetServiceInfo() {
+		for _, m := range info.Methods {
+			full := "/" + svc + "/" + m.Name
+			served++
+			want, listed := wantAccess[full]
+			if !listed {
+				t.Errorf("gRPC %s is served but has no access policy in wantAccess", full)
+				continue
+			}
+			if got := methodAccess(full); got != want {
+				t.Errorf("gRPC %s needs %v, want %v", full, got, want)
+			}
+			code := callWithoutToken(t, f.conn, full, m.IsClientStream || m.IsServerStream)
+			if refused := code == codes.Unauthenticated; refused != (want == accessAdmin) {
+				t.Errorf("gRPC %s without a token answered %v; its policy is %v", full, code, want)
+			}
+		}
+	}
+	for _, rt := range f.srv.api.routes() {
+		served++
+		want, listed := wantAccess[rt.pattern]
+		if !listed {
+			t.Errorf("REST %s is served but has no access policy in wantAccess", rt.pattern)
+			continue
+		}
+		if rt.access != want {
+			t.Errorf("REST %s needs %v, want %v", rt.pattern, rt.access, want)
+		}
+		method, path, _ := strings.Cut(rt.pattern, " ")
+		req, err := http.NewRequest(method, f.base+path, strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, body := f.do(req)
+		if refused := code == http.StatusUnauthorized; refused != (want == accessAdmin) {
+			t.Errorf("REST %s without a token = %d %s; its policy is %v", rt.pattern, code, body, want)
+		}
+	}
+	if served != len(wantAccess) {
+		t.Errorf("%d endpoints served, %d in wantAccess: remove the ones that no longer exist", served, len(wantAccess))
+	}
+}
+
+// callWithoutToken calls a gRPC method with an empty request and returns the
+// code it answers with (for a stream, of its first message).
+func callWithoutToken(t *testing.T, cc *grpc.ClientConn, method string, stream bool) codes.Code {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if !stream {
+		return status.Code(cc.Invoke(ctx, method, &emptypb.Empty{}, &emptypb.Empty{}))
+	}
+	s, err := cc.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, method)
+	if err != nil {
+		return status.Code(err)
+	}
+	if err := s.SendMsg(&emptypb.Empty{}); err != nil {
+		return status.Code(err)
+	}
+	s.CloseSend()
+	return status.Code(s.RecvMsg(&emptypb.Empty{}))
+}

@@ -1,0 +1,19 @@
+package server
+
+import "fmt"
+
+// MaxNameBytes bounds a model name, a LoRA name, a cache salt and a worker id
+// in requests. Each is kept (namespace names, the registry) or hashed per
+// request, so an unbounded one is memory or CPU a client could take.
+const MaxNameBytes = 256
+
+// checkNames fails with ErrTooLarge naming the first field longer than
+// MaxNameBytes; fields are (name, value) pairs.
+func checkNames(fields ...string) error {
+	for i := 0; i+1 < len(fields); i += 2 {
+		if n := len(fields[i+1]); n > MaxNameBytes {
+			return fmt.Errorf("%w: %s is %d bytes, more than the limit of %d", ErrTooLarge, fields[i], n, MaxNameBytes)
+		}
+	}
+	return nil
+}

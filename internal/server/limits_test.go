@@ -1,0 +1,210 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+)
+
+// TestLimitsRefuseClearlyAndServeOthers drives each resource limit past its
+// bound: the client over it gets a clear RESOURCE_EXHAUSTED or 4xx, and a
+// healthy client is served meanwhile.
+func TestLimitsRefuseClearlyAndServeOthers(t *testing.T) {
+	f := newFixture(t, fixtureOptions{engines: defaultEngines[:1], configure: func(c *Config) {
+		c.MaxWatchStreams = 2
+		c.GRPCMaxConcurrentStreams = 3
+		c.HTTPReadTimeout = 500 * time.Millisecond
+	}})
+	f.generate("e0", 0, tokens(0, 8), "")
+	healthy := func(t *testing.T) {
+		t.Helper()
+		resp, err := f.index.Score(context.Background(), &kvindexv1.ScoreRequest{Model: testModel, TokenIds: tokens(0, 8)})
+		if err != nil || len(resp.Scores) != 1 || resp.Scores[0].MatchedBlocks != 2 {
+			t.Errorf("a healthy Score meanwhile = %v, %v", resp, err)
+		}
+		if code, body := f.get("/v1/stats"); code != http.StatusOK {
+			t.Errorf("a healthy GET /v1/stats meanwhile = %d %s", code, body)
+		}
+	}
+	dial := func(t *testing.T) *grpc.ClientConn {
+		cc, err := grpc.NewClient(f.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return cc
+	}
+	tooMany := func(t *testing.T, err error, mention string) {
+		t.Helper()
+		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(status.Convert(err).Message(), mention) {
+			t.Errorf("over the limit: %v, want RESOURCE_EXHAUSTED mentioning %q", err, mention)
+		}
+	}
+
+	t.Run("Watch streams", func(t *testing.T) {
+		index := kvindexv1.NewIndexServiceClient(dial(t))
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		openWatch := func(ctx context.Context) error {
+			s, err := index.Watch(ctx, &kvindexv1.WatchRequest{})
+			if err == nil {
+				_, err = s.Header() // an admitted stream sends its headers at once
+			}
+			return err
+		}
+		first, firstCancel := context.WithCancel(ctx)
+		for range 2 {
+			if err := openWatch(first); err != nil {
+				t.Fatal(err)
+			}
+		}
+		third, err := index.Watch(ctx, &kvindexv1.WatchRequest{})
+		if err == nil {
+			_, err = third.Recv()
+		}
+		tooMany(t, err, "--max-watch-streams")
+		healthy(t)
+		firstCancel() // both admitted streams end: Watch is served again
+		deadline := time.Now().Add(20 * time.Second)
+		for f.srv.api.watches.open.Load() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d Watch streams still counted after their clients left", f.srv.api.watches.open.Load())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err := openWatch(ctx); err != nil || f.srv.api.watches.open.Load() != 1 {
+			t.Errorf("Watch after the others closed: %v (open %d)", err, f.srv.api.watches.open.Load())
+		}
+	})
+
+	t.Run("one Dump at a time", func(t *testing.T) {
+		holding, release := make(chan struct{}), make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			first := true
+			done <- f.srv.api.dump(context.Background(), &kvindexv1.DumpRequest{}, func(*kvindexv1.DumpResponse) error {
+				if first {
+					first = false
+					close(holding)
+					<-release
+				}
+				return nil
+			})
+		}()
+		<-holding
+		s, err := f.index.Dump(context.Background(), &kvindexv1.DumpRequest{})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		tooMany(t, err, "one runs at a time")
+		if code, body := f.get("/dump"); code != http.StatusTooManyRequests || !strings.Contains(body, "resource_exhausted") {
+			t.Errorf("GET /dump during a dump = %d %s, want 429 resource_exhausted", code, body)
+		}
+		healthy(t)
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if code, body := f.get("/dump"); code != http.StatusOK {
+			t.Errorf("GET /dump once the other ended = %d %s", code, body)
+		}
+	})
+
+	t.Run("gRPC streams per connection", func(t *testing.T) {
+		cc := dial(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		for range 3 { // health watches stay open: the connection's streams are all taken
+			s, err := healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Recv(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The fourth call on that connection waits for a free stream; its
+		// deadline ends it, while other connections are served.
+		wctx, wcancel := context.WithTimeout(ctx, time.Second)
+		defer wcancel()
+		_, err := kvindexv1.NewIndexServiceClient(cc).Stats(wctx, &kvindexv1.StatsRequest{})
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("a call over --grpc-max-concurrent-streams on one connection = %v, want it held until its deadline", err)
+		}
+		healthy(t)
+	})
+
+	t.Run("slow request body", func(t *testing.T) {
+		conn, err := net.Dial("tcp", f.srv.HTTPAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		// Headers promise 100 bytes; 10 come, then nothing.
+		if _, err := conn.Write([]byte("POST /kv-cache/hit-rate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":")); err != nil {
+			t.Fatal(err)
+		}
+		healthy(t)
+		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("no answer to a stalled body: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestTimeout {
+			t.Errorf("a stalled body = %d, want 408", resp.StatusCode)
+		}
+		healthy(t)
+	})
+
+	t.Run("name lengths", func(t *testing.T) {
+		long := strings.Repeat("x", MaxNameBytes+1)
+		for _, req := range []*kvindexv1.ScoreRequest{
+			{Model: long, TokenIds: tokens(0, 8)},
+			{Model: testModel, LoraName: long, TokenIds: tokens(0, 8)},
+			{Model: testModel, CacheSalt: long, TokenIds: tokens(0, 8)},
+		} {
+			_, err := f.index.Score(context.Background(), req)
+			if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "more than the limit of 256") {
+				t.Errorf("Score with a %d-byte name = %v, want RESOURCE_EXHAUSTED naming the limit", len(long), err)
+			}
+		}
+		if code, body := f.postJSON("/kv-cache/hit-rate", map[string]any{"model": testModel, "cache_salt": long, "token_ids": tokens(0, 8)}); code != http.StatusRequestEntityTooLarge || !strings.Contains(body, "cache_salt") {
+			t.Errorf("hit-rate with a long cache_salt = %d %s, want 413 naming cache_salt", code, body)
+		}
+		if code, body := f.postJSON("/register", map[string]any{"worker": map[string]any{"id": long, "model": testModel, "block_size": 4}}); code != http.StatusRequestEntityTooLarge || !strings.Contains(body, "worker id") {
+			t.Errorf("register with a long id = %d %s, want 413 naming the worker id", code, body)
+		}
+		healthy(t)
+	})
+
+	t.Run("namespace names only for registered models", func(t *testing.T) {
+		before := f.srv.api.names.count.Load()
+		for i := range 50 {
+			f.index.Score(context.Background(), &kvindexv1.ScoreRequest{Model: "unregistered", CacheSalt: strings.Repeat("s", i+1), TokenIds: tokens(0, 8), BlockSize: ptr(uint32(4))})
+		}
+		if got := f.srv.api.names.count.Load(); got != before {
+			t.Errorf("queries for an unregistered model named %d namespaces", got-before)
+		}
+		if _, err := f.index.Score(context.Background(), &kvindexv1.ScoreRequest{Model: testModel, CacheSalt: "tenant-1", TokenIds: tokens(0, 8)}); err != nil {
+			t.Fatal(err)
+		}
+		if got := f.srv.api.names.count.Load(); got != before+1 {
+			t.Errorf("a query for a registered model named %d namespaces, want 1", got-before)
+		}
+	})
+}
+
+func ptr[T any](v T) *T { return &v }
