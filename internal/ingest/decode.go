@@ -472,8 +472,10 @@ func (d *Decoder) decodeField(ev *Event, f field) error {
 	case fParentBlockHash:
 		ev.HasParent = false
 		if !d.nextIsNil() {
+			// 0 means "no parent" too: publishers of the llm-d ecosystem send it
+			// for a root block in the array form (llm-d's event pool reads it so).
 			ev.Parent, err = d.hash()
-			ev.HasParent = err == nil
+			ev.HasParent = err == nil && ev.Parent != 0
 		} else {
 			err = d.skipNil()
 		}
@@ -867,11 +869,52 @@ func (d *Decoder) medium() (Medium, error) {
 			return Medium(m), nil
 		}
 	}
+	if m, ok := mediumByFamily(name); ok {
+		return m, nil
+	}
 	d.stats.UnknownMedia++
 	if d.stats.FirstUnknownMedium == "" {
 		d.stats.FirstUnknownMedium = string(name)
 	}
 	return MediumUnknown, nil
+}
+
+// mediumFamilies classify the media that connectors name beyond vLLM's six, by a
+// case-insensitive substring: vLLM's short-lived "FS" and "OBJ" (storage), and
+// LMCache's backend names, which LMCacheConnector forwards ("LocalCPUBackend",
+// "LocalDiskBackend", "RemoteBackend", ...). The first family that matches wins.
+var mediumFamilies = []struct {
+	sub    []byte
+	medium Medium
+}{
+	{[]byte("CPU"), MediumCPU},
+	{[]byte("DISK"), MediumDisk},
+	{[]byte("FS"), MediumStorage},
+	{[]byte("OBJ"), MediumStorage},
+	{[]byte("STORAGE"), MediumStorage},
+	{[]byte("REMOTE"), MediumExternal},
+	{[]byte("EXTERNAL"), MediumExternal},
+}
+
+// mediumByFamily maps a medium name outside the six by its family (mediumFamilies).
+func mediumByFamily(name []byte) (Medium, bool) {
+	var buf [64]byte
+	if len(name) > len(buf) {
+		return 0, false
+	}
+	up := buf[:len(name)]
+	for i, c := range name {
+		if 'a' <= c && c <= 'z' {
+			c -= 'a' - 'A'
+		}
+		up[i] = c
+	}
+	for _, f := range mediumFamilies {
+		if bytes.Contains(up, f.sub) {
+			return f.medium, true
+		}
+	}
+	return 0, false
 }
 
 var mediumNameBytes = func() [][]byte {

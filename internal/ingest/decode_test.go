@@ -86,6 +86,40 @@ BlockStored carries its six positional fields up to medium.`,
 		}},
 	},
 	{
+		name: "parent_zero_is_root",
+		about: `Publishers of the llm-d ecosystem send parent_block_hash 0, not nil, for a
+chain that starts at the root (llm-d's own event pool reads 0 as none): both forms
+decode with no parent.`,
+		build: func(a *annotator) {
+			a.array(3, "EventBatch", func() {
+				a.float(1700000007, "ts")
+				a.array(2, "events", func() {
+					a.array(7, "BlockStored, array form", func() {
+						a.str("BlockStored", "tag")
+						a.uints([]uint64{201}, "block_hashes")
+						a.uint(0, "parent_block_hash 0: root")
+						a.uints([]uint64{1, 2}, "token_ids")
+						a.uint(2, "block_size")
+						a.nil("lora_id")
+						a.str("GPU", "medium")
+					})
+					a.mapOf(5, "BlockStored, map form", func() {
+						a.field("type", func() { a.str("BlockStored", "tag") })
+						a.field("block_hashes", func() { a.uints([]uint64{202}, "block_hashes") })
+						a.field("parent_block_hash", func() { a.uint(0, "parent 0: root") })
+						a.field("token_ids", func() { a.uints([]uint64{3, 4}, "token_ids") })
+						a.field("block_size", func() { a.uint(2, "block_size") })
+					})
+				})
+				a.nil("data_parallel_rank")
+			})
+		},
+		want: EventBatch{TS: 1700000007, Events: []Event{
+			{Kind: BlockStored, BlockHashes: []uint64{201}, TokenIDs: []uint32{1, 2}, BlockSize: 2},
+			{Kind: BlockStored, BlockHashes: []uint64{202}, TokenIDs: []uint32{3, 4}, BlockSize: 2},
+		}},
+	},
+	{
 		name: "vllm_map_batch_map_events",
 		about: `Current vLLM (tag=True, omit_defaults=True, no array_like): the batch is a map
 and every event a map whose first key is "type". lora_id, medium and lora_name have
@@ -327,7 +361,9 @@ session_id, ignored) as keys. The batch array's third field is attn_dp_rank.`,
 	{
 		name: "media",
 		about: `Every medium: nil and absent mean GPU; names match in any case; an unknown
-name is counted and kept as MediumUnknown (indexed as GPU).`,
+name is classified by family (FS and OBJ are storage, LMCache's backends by
+their CPU/Disk/Remote part); only an unclassifiable one is counted and kept as
+MediumUnknown (indexed as GPU).`,
 		build: func(a *annotator) {
 			media := []func(){
 				func() { a.nil("medium nil") },
@@ -338,6 +374,10 @@ name is counted and kept as MediumUnknown (indexed as GPU).`,
 				func() { a.str("STORAGE", "medium") },
 				func() { a.str("EXTERNAL", "medium") },
 				func() { a.str("cpu_pinned", "medium, lower case") },
+				func() { a.str("FS", "medium, vLLM's short-lived file-system storage") },
+				func() { a.str("LocalDiskBackend", "medium, an LMCache backend") },
+				func() { a.str("LocalCPUBackend", "medium, an LMCache backend") },
+				func() { a.str("RemoteBackend", "medium, an LMCache backend") },
 				func() { a.str("HBM3", "medium, unknown") },
 			}
 			a.array(3, "EventBatch", func() {
@@ -367,7 +407,11 @@ name is counted and kept as MediumUnknown (indexed as GPU).`,
 			{Kind: BlockRemoved, BlockHashes: []uint64{5}, Medium: MediumStorage},
 			{Kind: BlockRemoved, BlockHashes: []uint64{6}, Medium: MediumExternal},
 			{Kind: BlockRemoved, BlockHashes: []uint64{7}, Medium: MediumCPUPinned},
-			{Kind: BlockRemoved, BlockHashes: []uint64{8}, Medium: MediumUnknown},
+			{Kind: BlockRemoved, BlockHashes: []uint64{8}, Medium: MediumStorage},
+			{Kind: BlockRemoved, BlockHashes: []uint64{9}, Medium: MediumDisk},
+			{Kind: BlockRemoved, BlockHashes: []uint64{10}, Medium: MediumCPU},
+			{Kind: BlockRemoved, BlockHashes: []uint64{11}, Medium: MediumExternal},
+			{Kind: BlockRemoved, BlockHashes: []uint64{12}, Medium: MediumUnknown},
 			{Kind: BlockRemoved, BlockHashes: []uint64{99}, Medium: MediumGPU},
 		}},
 		stats: DecodeStats{UnknownMedia: 1, FirstUnknownMedium: "HBM3"},

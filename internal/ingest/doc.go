@@ -41,7 +41,22 @@
 //     uint64) or bytes (vLLM's sha256 hashes: the last 8 bytes, big-endian; shorter
 //     strings as if left-padded with zeros; an empty one is malformed).
 //   - Medium: GPU, CPU, CPU_PINNED, DISK, STORAGE, EXTERNAL (any case), nil = GPU;
-//     an unknown string is counted and indexed as GPU (see Medium).
+//     other names are classified by family (a name containing CPU is CPU; DISK,
+//     FS, OBJ, STORAGE are storage; REMOTE is external: vLLM's short-lived FS/OBJ,
+//     LMCache's backend names); an unclassifiable string is counted and indexed as
+//     GPU (see Medium).
+//   - parent_block_hash nil, absent or 0 means the chain starts at the root
+//     (llm-d's publishers send 0).
+//   - Placeholder BlockStored events (no token_ids, block_size 0: vLLM's offloading
+//     connector) are skipped and counted (kvindex_ingest_refused_events_total
+//     {reason="placeholder"}), never logged.
+//   - Hybrid models publish one event per KV-cache group (group_idx,
+//     kv_cache_spec_kind). Only full-attention groups (full_attention,
+//     mla_attention, sink_full_attention; group 0 when no kind was ever sent for
+//     the group) are indexed: a prefix hit needs the KV of every prefix token, and a
+//     sliding-window, chunked-local or Mamba group keeps only part of it. Their
+//     events, BlockRemoved included, are skipped and counted
+//     ({reason="other_group"}); see opBuilder.indexes.
 //   - Replay: a DEALER sends ["", start_seq 8B BE] to the engine's ROUTER
 //     (ReplayRequest) and receives ["", topic, seq, payload] (current vLLM) or
 //     ["", seq, payload] (older vLLM, SGLang), then an end marker whose seq is

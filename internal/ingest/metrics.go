@@ -19,9 +19,9 @@ import (
 //	kvindex_ingest_batches_total{worker,result}           batches by fate: applied|duplicate|undecodable
 //	kvindex_ingest_decode_errors_total{source,reason}     bad input dropped: source = zmq|bind|nats|replay
 //	kvindex_ingest_skipped_total{what}                    unknown events, fields and media skipped inside good batches
-//	kvindex_ingest_refused_events_total{worker,reason}    events that cannot be indexed (token/hash count mismatch, block size)
+//	kvindex_ingest_refused_events_total{worker,reason}    events not indexed: token_count, block_size, no_model (logged); placeholder, other_group (expected, not logged)
 //	kvindex_ingest_gaps_total{worker,dp_rank}             sequence gaps detected on live streams
-//	kvindex_ingest_replays_total{worker,reason,result}    replay requests: reason = gap|catch_up, result = ok|failed|skipped
+//	kvindex_ingest_replays_total{worker,reason,result}    replay requests: reason = gap|catch_up|restart, result = ok|failed|skipped
 //	kvindex_ingest_replayed_batches_total{worker,reason}  batches applied from replays
 //	kvindex_ingest_resets_total{worker,reason}            worker cleared: restart|gap|undecodable|catch_up
 //	kvindex_ingest_lag_seconds{worker,dp_rank}            engine timestamp of the last batch to its hand-off to the index
@@ -64,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		skipped:         counter("kvindex_ingest_skipped_total", "Unknown event tags, fields and media skipped inside otherwise valid batches.", "what"),
 		refused:         counter("kvindex_ingest_refused_events_total", "Decoded events that cannot be indexed, by worker and reason.", "worker", "reason"),
 		gaps:            counter("kvindex_ingest_gaps_total", "Sequence gaps detected on live event streams.", "worker", "dp_rank"),
-		replays:         counter("kvindex_ingest_replays_total", "Replay requests to engines, by reason (gap, catch_up) and result (ok, failed, skipped).", "worker", "reason", "result"),
+		replays:         counter("kvindex_ingest_replays_total", "Replay requests to engines, by reason (gap, catch_up, restart) and result (ok, failed, skipped).", "worker", "reason", "result"),
 		replayedBatches: counter("kvindex_ingest_replayed_batches_total", "Batches applied from replays.", "worker", "reason"),
 		resets:          counter("kvindex_ingest_resets_total", "Times a worker's blocks were dropped because its stream could not be followed, by reason.", "worker", "reason"),
 		lag:             gauge("kvindex_ingest_lag_seconds", "Seconds between the engine stamping the last batch and ingest handing it to the index.", "worker", "dp_rank"),

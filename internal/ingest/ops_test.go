@@ -160,3 +160,50 @@ func TestRateLimitedLogLogsOncePerIntervalAndCountsTheRest(t *testing.T) {
 		t.Errorf("%d lines for kind b, want 1", n)
 	}
 }
+
+// TestPlaceholdersAndOtherGroupsAreSkippedAndCounted: vLLM's offloading connector
+// emits placeholder BlockStored events (no tokens, block_size 0); hybrid models
+// publish every KV-cache group. Only full-attention groups reach the index, and
+// nothing of this is a refusal that would be logged.
+func TestPlaceholdersAndOtherGroupsAreSkippedAndCounted(t *testing.T) {
+	stored := func(h uint64, group int64, hasGroup bool, kind string) Event {
+		return Event{Kind: BlockStored, BlockHashes: []uint64{h}, TokenIDs: []uint32{1, 2}, BlockSize: 2,
+			GroupIdx: group, HasGroupIdx: hasGroup, KVCacheSpecKind: kind}
+	}
+	removed := func(h uint64, group int64, hasGroup bool) Event {
+		return Event{Kind: BlockRemoved, BlockHashes: []uint64{h}, GroupIdx: group, HasGroupIdx: hasGroup}
+	}
+	cases := []struct {
+		name       string
+		events     []Event
+		wantHashes []uint64 // hashes of the ops, in order
+		want       opStats
+	}{
+		{"placeholder", []Event{{Kind: BlockStored, BlockHashes: []uint64{9}}}, nil, opStats{placeholders: 1}},
+		{"no group info is indexed", []Event{stored(1, 0, false, ""), removed(1, 0, false)}, []uint64{1, 1},
+			opStats{stored: 1, storedBlocks: 1, removed: 1, removedBlocks: 1}},
+		{"full attention in group 1, sliding window in group 0",
+			[]Event{stored(1, 0, true, "sliding_window"), stored(2, 1, true, "full_attention"), removed(3, 0, true), removed(4, 1, true)},
+			[]uint64{2, 4}, opStats{stored: 1, storedBlocks: 1, removed: 1, removedBlocks: 1, otherGroups: 2}},
+		{"mla and sink attention are full", []Event{stored(1, 0, true, "mla_attention"), stored(2, 0, false, "sink_full_attention")},
+			[]uint64{1, 2}, opStats{stored: 2, storedBlocks: 2}},
+		{"mamba without a group", []Event{stored(1, 0, false, "mamba")}, nil, opStats{otherGroups: 1}},
+		{"unknown groups: only group 0", []Event{stored(1, 0, true, ""), stored(2, 1, true, ""), removed(3, 1, true)},
+			[]uint64{1}, opStats{stored: 1, storedBlocks: 1, otherGroups: 2}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ops, st := newOpBuilder("m", 2).build(c.events)
+			var got []uint64
+			for _, op := range ops {
+				got = append(got, op.Hashes...)
+			}
+			if !slices.Equal(got, c.wantHashes) {
+				t.Errorf("indexed hashes %v, want %v", got, c.wantHashes)
+			}
+			if st != c.want {
+				t.Errorf("stats = %+v, want %+v", st, c.want)
+			}
+		})
+	}
+}
