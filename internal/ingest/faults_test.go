@@ -108,14 +108,19 @@ func TestDroppedBatchesAreReplayed(t *testing.T) {
 		w := map[string]string{"worker": f.worker}
 		gap := map[string]string{"worker": f.worker, "reason": "gap"}
 		ok := map[string]string{"worker": f.worker, "reason": "gap", "result": "ok"}
-		if got := p.counter("kvindex_ingest_gaps_total", w); got != float64(want) {
-			t.Errorf("%s: gaps = %v, want %d (batches the engine withheld)", f.worker, got, want)
+		// What must hold: every withheld batch is a gap that a replay filled. A
+		// busy machine may lose one more live batch to ZMQ (a late subscription,
+		// a full queue): that is one more gap, replayed like the others, so the
+		// counts are lower bounds and every gap must have been replayed.
+		gaps := p.counter("kvindex_ingest_gaps_total", w)
+		if gaps < float64(want) {
+			t.Errorf("%s: gaps = %v, want at least %d (batches the engine withheld)", f.worker, gaps, want)
 		}
-		if got := p.counter("kvindex_ingest_replays_total", ok); got != float64(want) {
-			t.Errorf("%s: successful gap replays = %v, want %d", f.worker, got, want)
+		if got := p.counter("kvindex_ingest_replays_total", ok); got != gaps {
+			t.Errorf("%s: successful gap replays = %v, want one per gap (%v)", f.worker, got, gaps)
 		}
-		if got := p.counter("kvindex_ingest_replayed_batches_total", gap); got != float64(want) {
-			t.Errorf("%s: replayed batches = %v, want %d", f.worker, got, want)
+		if got := p.counter("kvindex_ingest_replayed_batches_total", gap); got < float64(want) {
+			t.Errorf("%s: replayed batches = %v, want at least %d", f.worker, got, want)
 		}
 		if got := p.counter("kvindex_ingest_resets_total", w); got != 0 {
 			t.Errorf("%s: resets = %v, want 0 (every gap was replayable)", f.worker, got)
