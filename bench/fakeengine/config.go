@@ -118,7 +118,10 @@ type Config struct {
 	KVEventsReplayEndpoint string
 	ReplayLayout           ReplayLayout
 	ReplayBufferSteps      int
-	DataParallelSize       int
+	// KVEventsFirstSeq is the seq of the first batch after a start or restart: 0
+	// as vLLM, 1 as llm-d's publishers.
+	KVEventsFirstSeq int64
+	DataParallelSize int
 
 	Role      Role
 	TimeScale float64
@@ -203,6 +206,8 @@ func (c *Config) Validate() error {
 		return invalid("--replay-layout=%q must be new or legacy", c.ReplayLayout)
 	case c.ReplayBufferSteps < 1:
 		return invalid("--replay-buffer-steps=%d must be at least 1", c.ReplayBufferSteps)
+	case c.KVEventsFirstSeq != 0 && c.KVEventsFirstSeq != 1:
+		return invalid("--kv-events-first-seq=%d must be 0 (vLLM) or 1 (llm-d publishers)", c.KVEventsFirstSeq)
 	case c.DataParallelSize < 1 || c.DataParallelSize > 256:
 		return invalid("--data-parallel-size=%d must be between 1 and 256", c.DataParallelSize)
 	case c.Role != RoleBoth && c.Role != RolePrefill && c.Role != RoleDecode:
@@ -463,6 +468,7 @@ func RegisterFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.StringVar(&cfg.KVEventsReplayEndpoint, "kv-events-replay-endpoint", cfg.KVEventsReplayEndpoint, "ZMQ ROUTER bind `endpoint` answering replay requests; rank r uses port+r; empty disables replay")
 	fs.Var(stringFlag[ReplayLayout]{&cfg.ReplayLayout}, "replay-layout", "reply to replay requests in the `new|legacy` layout: [topic, seq, payload] (vLLM >= 0.26) or [seq, payload] (older vLLM, SGLang)")
 	fs.IntVar(&cfg.ReplayBufferSteps, "replay-buffer-steps", cfg.ReplayBufferSteps, "event batches kept per rank for replay")
+	fs.Int64Var(&cfg.KVEventsFirstSeq, "kv-events-first-seq", cfg.KVEventsFirstSeq, "seq of the first event batch after a start or restart: 0 (vLLM) or 1 (llm-d's publishers)")
 	fs.IntVar(&cfg.DataParallelSize, "data-parallel-size", cfg.DataParallelSize, "data-parallel ranks: each has its own KV cache and event stream on port+rank")
 	fs.Var(stringFlag[Role]{&cfg.Role}, "role", "this engine's `both|prefill|decode` role in disaggregation: prefill answers do_remote_decode with kv_transfer_params, decode takes do_remote_prefill")
 	fs.Float64Var(&cfg.TimeScale, "time-scale", cfg.TimeScale, "wall time per simulated second (0.1 runs 10x faster than real time; 0 never sleeps)")

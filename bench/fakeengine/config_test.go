@@ -32,6 +32,7 @@ func TestValidateNamesTheBadValue(t *testing.T) {
 		{"replay must bind", func(c *Config) { c.KVEventsReplayEndpoint = "tcp://10.0.0.1:5558" }, `--kv-events-replay-endpoint="tcp://10.0.0.1:5558"`},
 		{"replay needs events", func(c *Config) { c.KVEventsEndpoint = ""; c.KVEventsReplayEndpoint = "tcp://*:5558" }, "needs --kv-events-endpoint"},
 		{"replay steps", func(c *Config) { c.ReplayBufferSteps = 0 }, "--replay-buffer-steps=0"},
+		{"first seq", func(c *Config) { c.KVEventsFirstSeq = 2 }, "--kv-events-first-seq=2"},
 		{"batched tokens", func(c *Config) { c.MaxNumBatchedTokens = 10 }, "--max-num-batched-tokens=10"},
 		{"negative timing", func(c *Config) { c.Timing.PrefillPerToken = -time.Microsecond }, "--prefill-per-token=-1µs"},
 		{"fail rate", func(c *Config) { c.Faults.FailRate = 1.5 }, "--fault-fail-rate=1.5"},

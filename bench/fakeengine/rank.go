@@ -59,7 +59,7 @@ func newRank(idx uint32, cfg *Config, seed uint64, addr string, log *slog.Logger
 		stop:    stop,
 		wake:    make(chan struct{}, 1),
 		cache:   newKVCache(cfg.NumGPUBlocks, cfg.NumCPUBlocks, cfg.BlockSize),
-		lastSeq: -1,
+		lastSeq: cfg.KVEventsFirstSeq - 1,
 	}
 }
 
@@ -506,7 +506,7 @@ func (rk *rank) restart() {
 	rk.abortAll(ErrEngineRestarted)
 	rk.cache = newKVCache(rk.cfg.NumGPUBlocks, rk.cfg.NumCPUBlocks, rk.cfg.BlockSize)
 	rk.reserved = 0
-	rk.lastSeq = -1
+	rk.lastSeq = rk.cfg.KVEventsFirstSeq - 1
 	if rk.pub != nil {
 		rk.pub.enqueueReset()
 	}

@@ -61,6 +61,12 @@ type Decision struct {
 	Action Action
 	// From and To are the missing seqs, inclusive, for ActionGap.
 	From, To uint64
+	// Restart marks an ActionGap that is only the possible start of a restarted
+	// engine's stream: the engine restarted and its first live batch has seq 1,
+	// which is where llm-d's publishers start (vLLM starts at 0). The replay asks
+	// for seq 0 in case the engine has it; if it does not, the batch at 1 starts
+	// the new stream. It is not a gap (TrackerStats.Gaps does not count it).
+	Restart bool
 }
 
 // TrackerStats are a stream's cumulative counters.
@@ -90,8 +96,10 @@ type TrackerStats struct {
 //   - seq > next: gap; the batches from next to seq-1 must be replayed.
 //   - seq < next, and the live stream went back (seq <= the highest live seq seen,
 //     or, after Resume, seq below the cursor) to below the restart window: the engine
-//     restarted. Its new stream starts at 0: when seq > 0, 0..seq-1 are replayed
-//     first, and the first batch applied clears the worker.
+//     restarted. Its new stream starts at 0 (vLLM) or 1 (llm-d's publishers):
+//     when seq > 0, 0..seq-1 are replayed first, and the first batch applied
+//     clears the worker. A restart first seen at seq 1 asks for seq 0 without
+//     counting a gap (Decision.Restart), and a replay may start at 1.
 //   - any other seq < next: a duplicate, e.g. a live batch that a replay already
 //     brought.
 //
@@ -113,6 +121,9 @@ type Tracker struct {
 	// restarted: the engine restarted and the batch that clears the worker has not
 	// been applied yet (it is being replayed).
 	restarted bool
+	// fromOne: after a restart, the new stream may start at 1 instead of 0
+	// (until its first batch is applied).
+	fromOne bool
 	// discarded: a batch was lost after its seq was accepted (Discard).
 	discarded bool
 	stats     TrackerStats
@@ -137,6 +148,7 @@ func (t *Tracker) Resume(c Cursor) {
 	t.liveSeen = false
 	t.replaying = false
 	t.restarted = false
+	t.fromOne = false
 	t.discarded = false
 }
 
@@ -163,8 +175,13 @@ func (t *Tracker) Observe(seq uint64) Decision {
 		t.next = 0
 		t.replaying = false
 		t.restarted = true
-		if seq == 0 {
+		t.fromOne = true
+		switch seq {
+		case 0:
 			return Decision{Action: t.applied(false)}
+		case 1:
+			t.replaying, t.held = true, seq
+			return Decision{Action: ActionGap, From: 0, To: 0, Restart: true}
 		}
 		return t.openGap(seq)
 	case seq < t.next:
@@ -189,6 +206,7 @@ func (t *Tracker) openGap(seq uint64) Decision {
 // applied advances past the batch at next and says how to apply it.
 func (t *Tracker) applied(replayed bool) Action {
 	t.next++
+	t.fromOne = false
 	t.stats.Applied++
 	if replayed {
 		t.stats.Replayed++
@@ -212,6 +230,7 @@ func (t *Tracker) reset(seq uint64, replayed bool) Action {
 	t.stats.Resets++
 	t.next = seq
 	t.restarted = false
+	t.fromOne = false
 	t.discarded = false
 	t.applied(replayed)
 	t.epoch++
@@ -223,6 +242,7 @@ func (t *Tracker) reset(seq uint64, replayed bool) Action {
 // ActionReset when the replay skipped seqs we need (drop the worker's blocks, then
 // apply this batch).
 func (t *Tracker) Replayed(seq uint64) Action {
+	t.startAtOne(seq)
 	switch {
 	case !t.started:
 		t.started = true
@@ -247,6 +267,7 @@ func (t *Tracker) FinishReplay() Action {
 		return ActionNone
 	}
 	t.replaying = false
+	t.startAtOne(t.held)
 	switch {
 	case t.held < t.next:
 		t.stats.Duplicates++
@@ -255,6 +276,14 @@ func (t *Tracker) FinishReplay() Action {
 		return t.applied(false)
 	}
 	return t.reset(t.held, false)
+}
+
+// startAtOne lets a restarted engine's new stream start at seq 1 when 0 is not
+// coming (see Decision.Restart).
+func (t *Tracker) startAtOne(seq uint64) {
+	if t.fromOne && t.next == 0 && seq == 1 {
+		t.next = 1
+	}
 }
 
 // Discard tells the tracker that a batch it said to apply could not be (its payload

@@ -11,11 +11,17 @@ type step struct {
 	seq      uint64
 	want     Action
 	from, to uint64 // for ActionGap; from is the epoch for "resume"
+	restart  bool   // Decision.Restart
 }
 
 func observe(seq uint64, want Action) step { return step{op: "observe", seq: seq, want: want} }
 func gap(seq, from, to uint64) step {
 	return step{op: "observe", seq: seq, want: ActionGap, from: from, to: to}
+}
+
+// restartProbe is a live seq 1 after an engine restart: ask for 0, no gap.
+func restartProbe() step {
+	return step{op: "observe", seq: 1, want: ActionGap, from: 0, to: 0, restart: true}
 }
 func replayed(seq uint64, want Action) step { return step{op: "replayed", seq: seq, want: want} }
 func finish(want Action) step               { return step{op: "finish", want: want} }
@@ -144,6 +150,34 @@ func TestTracker(t *testing.T) {
 			stats: TrackerStats{Applied: 6, Replayed: 2, Gaps: 1, Restarts: 1},
 		},
 		{
+			name: "engine restart to seq 1 (llm-d counts from 1), no replay: a restart, not a gap",
+			steps: steps(applyRange(0, 9), restartProbe(),
+				finish(ActionRestart), observe(2, ActionApply)),
+			cursor: Cursor{Seq: 2, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 12, Restarts: 1},
+		},
+		{
+			name: "engine restart to seq 1, the replay brings 0: it clears, 1 follows",
+			steps: steps(applyRange(0, 9), restartProbe(),
+				replayed(0, ActionRestart), replayed(1, ActionApply), finish(ActionDuplicate), observe(2, ActionApply)),
+			cursor: Cursor{Seq: 2, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 13, Replayed: 2, Duplicates: 1, Restarts: 1},
+		},
+		{
+			name: "engine restart to seq 1, the replay starts at 1: the stream starts there",
+			steps: steps(applyRange(0, 9), restartProbe(),
+				replayed(1, ActionRestart), finish(ActionDuplicate), observe(2, ActionApply)),
+			cursor: Cursor{Seq: 2, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 12, Replayed: 1, Duplicates: 1, Restarts: 1},
+		},
+		{
+			name: "llm-d restart seen late: a replay from 1 fills the gap",
+			steps: steps(applyRange(1, 9), gap(3, 0, 2),
+				replayed(1, ActionRestart), replayed(2, ActionApply), finish(ActionApply), observe(4, ActionApply)),
+			cursor: Cursor{Seq: 4, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 13, Replayed: 2, Gaps: 1, Restarts: 1},
+		},
+		{
 			name:   "engine restart seen late, replay impossible: one reset",
 			steps:  steps(applyRange(0, 9), gap(3, 0, 2), finish(ActionReset), observe(4, ActionApply)),
 			cursor: Cursor{Seq: 4, Epoch: 1}, hasCursor: true,
@@ -232,7 +266,7 @@ func TestTracker(t *testing.T) {
 				switch s.op {
 				case "observe":
 					d := tr.Observe(s.seq)
-					want := Decision{Action: s.want, From: s.from, To: s.to}
+					want := Decision{Action: s.want, From: s.from, To: s.to, Restart: s.restart}
 					if d != want {
 						t.Fatalf("%s: got %+v (%s), want %+v (%s)", at, d, d.Action, want, want.Action)
 					}

@@ -216,6 +216,13 @@ func (s *streamRunner) handle(ctx context.Context, it *item) error {
 		if err := s.replay(ctx, replayCatchUp, 0, it.seq-1); err != nil {
 			return err
 		}
+		if c, ok := s.tr.Cursor(); ok && c.Seq >= it.seq {
+			// The replay brought this batch too (an engine that counts from 1
+			// has no seq 0, so the first reply was this one): it is applied.
+			s.sm.duplicate.Inc()
+			s.updateStats()
+			return nil
+		}
 	}
 	d := s.tr.Observe(it.seq)
 	switch {
@@ -226,14 +233,19 @@ func (s *streamRunner) handle(ctx context.Context, it *item) error {
 		s.updateStats()
 		return nil
 	case d.Action == ActionGap:
-		s.sm.gaps.Inc()
-		if err := s.replay(ctx, replayGap, d.From, d.To); err != nil {
+		reason := replayGap
+		if d.Restart {
+			reason = replayRestart // not a gap: the engine may have no seq 0
+		} else {
+			s.sm.gaps.Inc()
+		}
+		if err := s.replay(ctx, reason, d.From, d.To); err != nil {
 			return err
 		}
 		a := s.tr.FinishReplay()
 		switch {
 		case a.Applies():
-			return s.submit(ctx, it, a, replayGap)
+			return s.submit(ctx, it, a, reason)
 		case a == ActionDuplicate:
 			s.sm.duplicate.Inc()
 		}
@@ -246,6 +258,9 @@ func (s *streamRunner) handle(ctx context.Context, it *item) error {
 const (
 	replayGap     = "gap"
 	replayCatchUp = "catch_up"
+	// replayRestart asks a restarted engine whose first live batch is seq 1 for
+	// seq 0 (Decision.Restart).
+	replayRestart = "restart"
 )
 
 // replay fetches seqs from..upTo from the engine and applies what the Tracker
@@ -409,6 +424,12 @@ func (s *streamRunner) count(st opStats) {
 	}
 	if st.cleared > 0 {
 		s.sm.cleared.Add(float64(st.cleared))
+	}
+	if st.placeholders > 0 {
+		s.sm.refused(refusePlaceholder, st.placeholders)
+	}
+	if st.otherGroups > 0 {
+		s.sm.refused(refuseOtherGroup, st.otherGroups)
 	}
 	for _, r := range []struct {
 		n      int
