@@ -194,3 +194,42 @@ func TestPythonFloatRepr(t *testing.T) {
 		t.Errorf("pyFloatRepr(0) = %q", got)
 	}
 }
+
+// TestReasoningContentIsReasoning: clients replaying DeepSeek or Qwen responses
+// send an assistant's reasoning as reasoning_content; it must render exactly as
+// vLLM's reasoning field does (here in a Qwen3 tool-call conversation, where the
+// template shows the reasoning of the turn after the last user message).
+func TestReasoningContentIsReasoning(t *testing.T) {
+	conversation := func(field string) string {
+		return `[{"role":"user","content":"Weather in Paris?"},
+			{"role":"assistant","content":"","` + field + `":"The user wants the weather; call the tool.",
+			 "tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+			{"role":"tool","tool_call_id":"c1","content":"18C, sunny"}]`
+	}
+	tok := chatTemplateTokenizer(t, "qwen3")
+	render := func(field string) string {
+		var msgs []Message
+		if err := json.Unmarshal([]byte(conversation(field)), &msgs); err != nil {
+			t.Fatalf("%s: %v", field, err)
+		}
+		got, err := tok.ApplyChatTemplate(msgs, ChatOptions{AddGenerationPrompt: true})
+		if err != nil {
+			t.Fatalf("%s: %v", field, err)
+		}
+		return got
+	}
+	viaReasoning, viaContent := render("reasoning"), render("reasoning_content")
+	if !strings.Contains(viaReasoning, "<think>\nThe user wants the weather; call the tool.\n</think>") {
+		t.Fatalf("the template did not show the reasoning:\n%s", viaReasoning)
+	}
+	if viaContent != viaReasoning {
+		t.Errorf("reasoning_content rendered\n%s\nreasoning rendered\n%s", viaContent, viaReasoning)
+	}
+	var both Message
+	if err := json.Unmarshal([]byte(`{"role":"assistant","content":"x","reasoning":"a","reasoning_content":"b"}`), &both); err != nil {
+		t.Fatal(err)
+	}
+	if both.Reasoning == nil || *both.Reasoning != "a" {
+		t.Errorf("with both fields, Reasoning = %v, want reasoning's \"a\"", both.Reasoning)
+	}
+}

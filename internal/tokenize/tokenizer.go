@@ -69,8 +69,10 @@ type Message struct {
 	// as none.
 	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
 	ToolCallID string     `json:"tool_call_id,omitempty"`
-	// Reasoning is an assistant message's reasoning text (vLLM's "reasoning" field),
-	// shown to templates as both reasoning and reasoning_content.
+	// Reasoning is an assistant message's reasoning text: vLLM's "reasoning" field,
+	// or "reasoning_content" (DeepSeek's and Qwen's name, which clients replaying
+	// their responses send) when "reasoning" is absent. Templates see it as both
+	// reasoning and reasoning_content.
 	Reasoning *string `json:"reasoning,omitempty"`
 	// Tools are the functions a "developer" message offers.
 	Tools []Tool `json:"tools,omitempty"`
@@ -219,10 +221,15 @@ func (m *Message) UnmarshalJSON(data []byte) error {
 		ToolCalls  []ToolCall      `json:"tool_calls"`
 		ToolCallID *string         `json:"tool_call_id"`
 		Reasoning  *string         `json:"reasoning"`
-		Tools      []Tool          `json:"tools"`
+		// ReasoningContent is the older name of reasoning (see Message.Reasoning).
+		ReasoningContent *string `json:"reasoning_content"`
+		Tools            []Tool  `json:"tools"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return err
+	}
+	if raw.Reasoning == nil {
+		raw.Reasoning = raw.ReasoningContent
 	}
 	content, err := flattenContent(raw.Content)
 	if err != nil {
