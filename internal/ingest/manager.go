@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -106,6 +107,22 @@ type ManagerConfig struct {
 	// PollInterval bounds how long a socket goroutine waits before it notices that
 	// its context ended.
 	PollInterval time.Duration
+	// MaxDiscoveredWorkers bounds discovery on the bind socket and NATS: a new
+	// worker is refused (counted: decode_errors reason discovery_limit) while
+	// the Manager follows this many workers its configuration does not declare
+	// (discovered or from the registry). 0 turns discovery off. Every worker
+	// costs memory, goroutines and a registry entry on every replica, and
+	// anyone who can publish on the socket or subject can invent names.
+	MaxDiscoveredWorkers int
+	// DiscoverAllow, when not empty, lists the worker ids discovery accepts, as
+	// path.Match patterns (pod-*, vllm-?); others are refused (reason
+	// not_allowed).
+	DiscoverAllow []string
+	// ReplayAllow lists the replay endpoints a NATS Kv-Replay header may name,
+	// as path.Match patterns over the whole endpoint; the endpoint must also be
+	// tcp://. Others are ignored (reason replay_not_allowed): the indexer would
+	// dial whatever a publisher names.
+	ReplayAllow []string
 }
 
 // DefaultNATSSubjectPrefix is the default subject prefix of relayed batches.
@@ -114,19 +131,24 @@ const DefaultNATSSubjectPrefix = "kv.events"
 // DefaultMaxFrameBytes is the default MaxFrameBytes.
 const DefaultMaxFrameBytes = DefaultMaxPayload
 
+// DefaultMaxDiscoveredWorkers is the default MaxDiscoveredWorkers.
+const DefaultMaxDiscoveredWorkers = 1024
+
 // DefaultManagerConfig returns the defaults.
 func DefaultManagerConfig() ManagerConfig {
 	return ManagerConfig{
-		Transport:           TransportZMQ,
-		WorkersFilePoll:     2 * time.Second,
-		NATSSubjectPrefix:   DefaultNATSSubjectPrefix,
-		DefaultBlockSize:    16,
-		MaxFrameBytes:       DefaultMaxFrameBytes,
-		ReplayTimeout:       2 * time.Second,
-		ReplayBackoffMax:    30 * time.Second,
-		IdleReplayInterval:  5 * time.Second,
-		BadInputLogInterval: 10 * time.Second,
-		PollInterval:        50 * time.Millisecond,
+		Transport:            TransportZMQ,
+		WorkersFilePoll:      2 * time.Second,
+		NATSSubjectPrefix:    DefaultNATSSubjectPrefix,
+		DefaultBlockSize:     16,
+		MaxFrameBytes:        DefaultMaxFrameBytes,
+		ReplayTimeout:        2 * time.Second,
+		ReplayBackoffMax:     30 * time.Second,
+		IdleReplayInterval:   5 * time.Second,
+		BadInputLogInterval:  10 * time.Second,
+		PollInterval:         50 * time.Millisecond,
+		MaxDiscoveredWorkers: DefaultMaxDiscoveredWorkers,
+		ReplayAllow:          []string{"tcp://*"},
 	}
 }
 
@@ -159,6 +181,23 @@ func (c ManagerConfig) Validate() error {
 		return invalidConfig("bad input log interval %v must not be negative", c.BadInputLogInterval)
 	case c.PollInterval <= 0:
 		return invalidConfig("poll interval %v must be positive", c.PollInterval)
+	case c.MaxDiscoveredWorkers < 0:
+		return invalidConfig("--max-discovered-workers=%d must not be negative", c.MaxDiscoveredWorkers)
+	}
+	for _, l := range []struct {
+		flag     string
+		patterns []string
+	}{{"--discover-allow", c.DiscoverAllow}, {"--discover-replay-allow", c.ReplayAllow}} {
+		for _, p := range l.patterns {
+			if _, err := path.Match(p, ""); err != nil || p == "" {
+				return invalidConfig("%s pattern %q is not a path.Match pattern", l.flag, p)
+			}
+		}
+	}
+	for _, p := range c.ReplayAllow {
+		if !strings.HasPrefix(p, "tcp://") {
+			return invalidConfig("--discover-replay-allow pattern %q must start with tcp://", p)
+		}
 	}
 	if c.Transport == TransportNATS {
 		if err := validSubjectPrefix(c.NATSSubjectPrefix); err != nil {
@@ -369,6 +408,34 @@ func (m *Manager) setEntry(spec workerspec.Spec, source WorkerSource) {
 	if spec.Topic != "" {
 		m.byTopic[spec.Topic] = spec.ID
 	}
+}
+
+// admitDiscovered says whether discovery may add worker id, and if not the
+// reason (a decode_errors label) and why; callers hold mu.
+func (m *Manager) admitDiscovered(id string) (reason string, err error) {
+	if len(m.cfg.DiscoverAllow) > 0 && !matchAny(m.cfg.DiscoverAllow, id) {
+		return "not_allowed", fmt.Errorf("worker id %q matches no --discover-allow pattern %q", id, m.cfg.DiscoverAllow)
+	}
+	n := 0
+	for _, e := range m.workers {
+		if e.source == SourceDiscover || e.source == SourceRegistry {
+			n++
+		}
+	}
+	if n >= m.cfg.MaxDiscoveredWorkers {
+		return "discovery_limit", fmt.Errorf("%d discovered and registered workers, the --max-discovered-workers limit", n)
+	}
+	return "", nil
+}
+
+// matchAny reports whether s matches one of the path.Match patterns.
+func matchAny(patterns []string, s string) bool {
+	for _, p := range patterns {
+		if ok, _ := path.Match(p, s); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // deleteEntry unregisters a worker; callers hold mu.
@@ -752,6 +819,13 @@ func (d *dispatcher) resolve(key Stream, model string) *streamRunner {
 		if wr == nil {
 			r.m.mu.Lock()
 			if _, registered := r.m.workers[key.Worker]; !registered {
+				if reason, err := r.m.admitDiscovered(key.Worker); err != nil {
+					r.m.mu.Unlock()
+					r.m.unlockChange()
+					r.m.metrics.decodeErrors.WithLabelValues(d.source, reason).Inc()
+					r.m.badLog.Warn(d.source+"/"+reason, "dropping batch of a new worker", "worker", key.Worker, "err", err)
+					return nil
+				}
 				r.m.setEntry(spec, SourceDiscover)
 			}
 			entry := r.m.workers[key.Worker]

@@ -175,6 +175,12 @@ func (r *run) natsLoop(s *natsSub) {
 			}
 		}
 		it := item{seq: seq, batch: batch, err: err, replay: header(msg.Header, HeaderReplay)}
+		if it.replay != "" && (!strings.HasPrefix(it.replay, "tcp://") || !matchAny(m.cfg.ReplayAllow, it.replay)) {
+			m.metrics.decodeErrors.WithLabelValues("nats", "replay_not_allowed").Inc()
+			m.badLog.Warn("nats/replay_not_allowed", "ignoring a "+HeaderReplay+" endpoint that is not tcp:// or matches no --discover-replay-allow pattern",
+				"worker", worker, "replay", it.replay)
+			it.replay = ""
+		}
 		if !d.deliver(worker, model, rank, it) {
 			return
 		}

@@ -1,0 +1,107 @@
+package ingest
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvindex/kvindex/bench/fakeengine"
+)
+
+// TestDiscoveryFloodStopsAtTheLimit floods the bind socket with batches of
+// new workers: discovery adds no more than MaxDiscoveredWorkers of those the
+// allow-list admits, counts each refusal, and a worker already discovered is
+// still followed meanwhile.
+func TestDiscoveryFloodStopsAtTheLimit(t *testing.T) {
+	const limit = 4
+	cfg := testManagerConfig()
+	cfg.ZMQBind = "tcp://127.0.0.1:*"
+	cfg.MaxDiscoveredWorkers = limit
+	cfg.DiscoverAllow = []string{"pod-*"}
+	p := startPipeline(t, cfg)
+	pub := newRawPub(t, newTestZMQContext(t))
+	if err := pub.sock.Connect(p.mgr.BindEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	payload := validPayload(t)
+	refused := func(reason string) float64 {
+		return p.counter("kvindex_ingest_decode_errors_total", map[string]string{"source": "bind", "reason": reason})
+	}
+	waitFor(t, "the publisher's subscription", func() bool {
+		pub.send([]byte("kv@intruder@m"), seqPart(1), payload)
+		return refused("not_allowed") > 0
+	})
+	const flood = 60
+	for i := range flood {
+		pub.send([]byte(fmt.Sprintf("kv@pod-%d@m", i)), seqPart(1), payload)
+	}
+	waitFor(t, "every flooded worker seen", func() bool { return refused("discovery_limit") >= flood-limit })
+	discovered := 0
+	for _, ws := range p.mgr.Workers() {
+		if ws.Source == SourceDiscover {
+			discovered++
+		}
+	}
+	if discovered != limit {
+		t.Errorf("%d workers discovered from a flood of %d, want the limit %d", discovered, flood, limit)
+	}
+	if got := refused("discovery_limit"); got != flood-limit {
+		t.Errorf("discovery_limit refusals = %v, want %d", got, flood-limit)
+	}
+	// pod-0 was admitted: its next batch is applied, flood or not.
+	next, err := fakeengine.EncodeBatch(fakeengine.Batch{TS: 2, Events: []fakeengine.Event{{
+		Kind: fakeengine.BlockStored, BlockHashes: []uint64{3}, ParentHash: 2, HasParent: true, TokenIDs: []uint32{9, 10, 11, 12},
+		BlockSize: 4, Medium: fakeengine.MediumGPU,
+	}}}, fakeengine.WireMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub.send([]byte("kv@pod-0@m"), seqPart(2), next)
+	waitFor(t, "pod-0's second batch applied", func() bool {
+		c, ok := p.applier.Cursor(Stream{Worker: "pod-0"})
+		return ok && c.Seq == 2
+	})
+}
+
+// TestNATSReplayHeaderMustBeAllowed: a Kv-Replay endpoint that is not tcp://
+// or matches no ReplayAllow pattern is ignored and counted; the batch itself is
+// applied either way, and an allowed endpoint is not counted.
+func TestNATSReplayHeaderMustBeAllowed(t *testing.T) {
+	url := startNATS(t)
+	cfg := testManagerConfig()
+	cfg.Transport = TransportNATS
+	cfg.NATSURL = url
+	cfg.ReplayAllow = []string{"tcp://10.0.0.*:5558"}
+	p := startPipeline(t, cfg)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	notAllowed := func() float64 {
+		return p.counter("kvindex_ingest_decode_errors_total", map[string]string{"source": "nats", "reason": "replay_not_allowed"})
+	}
+	for i, c := range []struct {
+		replay  string
+		refused bool
+	}{
+		{"ipc:///tmp/engine.sock", true},
+		{"tcp://169.254.169.254:80", true},
+		{"tcp://10.0.0.7:5558", false},
+	} {
+		worker := fmt.Sprintf("pod-%d", i)
+		msg := &nats.Msg{Subject: Subject(cfg.NATSSubjectPrefix, worker, 0), Data: validPayload(t), Header: nats.Header{}}
+		msg.Header.Set(HeaderSeq, "0")
+		msg.Header.Set(HeaderModel, "m")
+		msg.Header.Set(HeaderReplay, c.replay)
+		before := notAllowed()
+		if err := nc.PublishMsg(msg); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, worker+"'s batch applied", func() bool { _, ok := p.applier.Cursor(Stream{Worker: worker}); return ok })
+		if counted := notAllowed() > before; counted != c.refused {
+			t.Errorf("Kv-Replay %q: counted as not allowed = %v, want %v", c.replay, counted, c.refused)
+		}
+	}
+}
