@@ -235,7 +235,7 @@ func scoreCmd(fs *flag.FlagSet) func(context.Context, *kvindex.Client, *printer)
 		if (req.Text == "") == (tokens == "") {
 			return usageError(fs, "give one of --text and --tokens")
 		}
-		for _, t := range splitList(tokens) {
+		for _, t := range envflag.SplitList(tokens) {
 			id, err := strconv.ParseUint(t, 10, 32)
 			if err != nil {
 				return usageError(fs, "--tokens: %q is not a token id", t)
@@ -246,7 +246,7 @@ func scoreCmd(fs *flag.FlagSet) func(context.Context, *kvindex.Client, *printer)
 			bs := uint32(blockSize)
 			req.BlockSize = &bs
 		}
-		req.Workers = splitList(workers)
+		req.Workers = envflag.SplitList(workers)
 		if linearizable {
 			req.Consistency = kvindexv1.Consistency_CONSISTENCY_LINEARIZABLE
 		}
@@ -271,16 +271,6 @@ func scoreCmd(fs *flag.FlagSet) func(context.Context, *kvindex.Client, *printer)
 		}
 		return out.table("WORKER\tBLOCKS\tTOKENS\tHIT RATE\tGPU\tCPU\tDISK\tDP RANK:BLOCKS", rows)
 	}
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 func workersCmd(fs *flag.FlagSet) func(context.Context, *kvindex.Client, *printer) error {
@@ -360,7 +350,7 @@ func dumpCmd(fs *flag.FlagSet) func(context.Context, *kvindex.Client, *printer) 
 	fs.StringVar(&workers, "workers", "", "comma-separated worker ids (default: all)")
 	fs.StringVar(&req.Model, "model", "", "only workers of this model")
 	return func(ctx context.Context, c *kvindex.Client, out *printer) error {
-		req.Workers = splitList(workers)
+		req.Workers = envflag.SplitList(workers)
 		var rows [][]string
 		all := &kvindexv1.DumpResponse{}
 		applied, err := c.Dump(ctx, req, func(ch *kvindexv1.IndexChange) error {

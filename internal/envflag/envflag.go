@@ -65,3 +65,15 @@ func Usage(fs *flag.FlagSet, prefix, synopsis string) func() {
 		})
 	}
 }
+
+// SplitList splits a comma-separated flag value into its items, trimmed, with
+// empty ones dropped ("a, b,," is [a b]).
+func SplitList(v string) []string {
+	var out []string
+	for _, item := range strings.Split(v, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}

@@ -106,40 +106,42 @@ type Holding struct {
 }
 
 // Nodes returns every namespace root and block node, depth-first with a parent
-// before its children and siblings by ascending key. It copies the whole tree
-// under the read lock, so it delays writers for the time of one pass over the
-// tree: for dumps and debugging.
-func (ix *Index) Nodes() []NodeView {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	st := &ix.st
-	order, position := canonicalOrder(st.nodes)
+// before its children and siblings by ascending key. It is Snapshot().Nodes():
+// writers wait only for the copy, not for building the views.
+func (ix *Index) Nodes() []NodeView { return ix.Snapshot().Nodes() }
+
+// Nodes returns the snapshot's namespace roots and block nodes as Index.Nodes
+// does. A node's holders come from the workers' block tables: a worker holds a
+// node on the tiers of the engine blocks that map to it (several engine hashes
+// may alias one node).
+func (s *Snapshot) Nodes() []NodeView {
+	order, position := canonicalOrder(s.nodes)
+	// Holders per arena node, workers in WorkerKey order (s.workers is sorted).
+	byNode := make([][]Holding, len(s.nodes))
+	for _, sw := range s.workers {
+		for _, b := range sw.blocks {
+			if b.node == 0 || b.tiers == 0 {
+				continue
+			}
+			hs := byNode[b.node]
+			if n := len(hs); n > 0 && hs[n-1].Worker == sw.key {
+				hs[n-1].Tiers |= b.tiers
+				continue
+			}
+			byNode[b.node] = append(hs, Holding{Worker: sw.key, Tiers: b.tiers})
+		}
+	}
 	out := make([]NodeView, 0, len(order))
-	var flat []Holding
-	counts := make([]int, 0, len(order))
 	for i, n := range order {
 		if i == 0 { // the super-root
 			continue
 		}
-		nd := &st.nodes[n]
-		v := NodeView{ID: len(out), Parent: int(position[nd.parent]) - 1, Key: nd.key}
+		nd := &s.nodes[n]
+		v := NodeView{ID: len(out), Parent: int(position[nd.parent]) - 1, Key: nd.key, Holders: byNode[n]}
 		if nd.parent == 0 {
 			v.Parent = -1
 		}
-		start := len(flat)
-		for j := range st.holderCount(nd) {
-			r := st.holderAt(n, j)
-			flat = append(flat, Holding{Worker: st.workers[r>>3].key, Tiers: uint8(r & 7)})
-		}
-		slices.SortFunc(flat[start:], func(a, b Holding) int { return a.Worker.compare(b.Worker) })
-		counts = append(counts, len(flat)-start)
 		out = append(out, v)
-	}
-	// Slice the views only now: flat may have moved while it grew.
-	at := 0
-	for i, k := range counts {
-		out[i].Holders = flat[at : at+k : at+k]
-		at += k
 	}
 	return out
 }

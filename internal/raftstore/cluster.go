@@ -39,7 +39,11 @@ type ClusterStatus struct {
 	CommitIndex  uint64
 	AppliedIndex uint64
 	LastIndex    uint64 // last log index stored here
-	Members      []Member
+	// LastContact is when this node last heard from a leader (AppendEntries,
+	// heartbeat or snapshot); zero on the leader and before any contact since
+	// the node started.
+	LastContact time.Time
+	Members     []Member
 }
 
 // Cluster reports the raft configuration, leadership and progress as this node
@@ -56,6 +60,7 @@ func (n *Node) Cluster() (ClusterStatus, error) {
 		CommitIndex:  n.raft.CommitIndex(),
 		AppliedIndex: n.AppliedIndex(),
 		LastIndex:    n.raft.LastIndex(),
+		LastContact:  n.raft.LastContact(),
 	}
 	st.LeaderID, st.LeaderAddr = n.Leader()
 	addrs := n.fsm.memberAddrs()

@@ -94,6 +94,10 @@ type fsm struct {
 	// restored snapshot was taken after. raft's own AppliedIndex runs ahead of it:
 	// raft counts an entry applied once it is queued for this FSM.
 	lastIndex atomic.Uint64
+	// applying is held (locked) by Apply and Restore while they change the
+	// state, and read-locked by IndexCopy, so that a copy of the index and
+	// lastIndex are taken between two entries and describe the same state.
+	applying  sync.RWMutex
 	appliedMu sync.Mutex
 	appliedCh chan struct{} // closed and replaced when lastIndex moves; guarded by appliedMu
 	stopErr   atomic.Pointer[error]
@@ -127,6 +131,8 @@ func (f *fsm) appliedChanged() <-chan struct{} {
 
 // Apply applies one committed entry.
 func (f *fsm) Apply(l *raft.Log) any {
+	f.applying.Lock()
+	defer f.applying.Unlock()
 	if err := f.err(); err != nil {
 		return ApplyResult{Err: err}
 	}
@@ -319,6 +325,8 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 // lastIndex stays 0 until the next command entry.
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
+	f.applying.Lock()
+	defer f.applying.Unlock()
 	st, err := readSnapshot(rc, f.applier.Index())
 	if err != nil {
 		return err

@@ -382,6 +382,16 @@ func (n *Node) RunWhileLeader(ctx context.Context, fn func(leaderCtx context.Con
 // leader's ingest resumes from. Apply on it only through the log.
 func (n *Node) Applier() *ingest.Applier { return n.applier }
 
+// IndexCopy copies the index between two applied entries and returns the copy
+// with the applied index it is the state of (dumps, digests). Apply waits for
+// the copy, as it would for radix's own read lock; whatever is done with the
+// copy afterwards holds no lock.
+func (n *Node) IndexCopy() (*radix.Snapshot, uint64) {
+	n.fsm.applying.RLock()
+	defer n.fsm.applying.RUnlock()
+	return n.Index().Snapshot(), n.AppliedIndex()
+}
+
 // Index is the replicated index, for local reads.
 func (n *Node) Index() *radix.Index { return n.applier.Index() }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"math"
@@ -491,6 +492,10 @@ func TestWorkersStatsClusterDump(t *testing.T) {
 	if stats.Nodes != uint64(ixStats.Nodes) || stats.Residencies == 0 || stats.Namespaces != 2 || stats.Counters["stored_attached"] == 0 {
 		t.Errorf("Stats = %v", stats)
 	}
+	// The traffic has stopped: the digest is the index's, at the applied index.
+	if d := f.srv.Index().Digest(); stats.IndexDigest != hex.EncodeToString(d[:]) || stats.DigestAppliedIndex != f.srv.backend.AppliedIndex() {
+		t.Errorf("Stats digest %q at %d, want %x at %d", stats.IndexDigest, stats.DigestAppliedIndex, d, f.srv.backend.AppliedIndex())
+	}
 	if code, body := f.get("/v1/stats"); code != 200 || !strings.Contains(body, `"stored_attached"`) {
 		t.Errorf("GET /v1/stats = %d %s", code, body)
 	}
@@ -500,7 +505,8 @@ func TestWorkersStatsClusterDump(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cl.Leader != "node-a" || cl.NodeId != "node-a" || len(cl.Members) != 1 || !cl.Members[0].IsLeader ||
-		cl.Members[0].GrpcAddr != f.srv.GRPCAddr() || cl.AppliedIndex == 0 {
+		cl.Members[0].GrpcAddr != f.srv.GRPCAddr() || cl.AppliedIndex == 0 ||
+		cl.IndexDigest != stats.IndexDigest || cl.Members[0].IndexDigest != stats.IndexDigest {
 		t.Errorf("Cluster = %v", cl)
 	}
 	code, body = f.get("/cluster")

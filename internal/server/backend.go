@@ -20,6 +20,11 @@ type Backend interface {
 	// Index() has completed; a read that starts afterwards sees at least that
 	// state. It only grows.
 	AppliedIndex() uint64
+	// IndexCopy copies Index() between two applied writes and returns the copy
+	// with the applied index it is the state of; Digest is the copy's digest
+	// (hex SHA-256, radix.Snapshot.Digest) with that applied index.
+	IndexCopy() (*radix.Snapshot, uint64)
+	Digest() (string, uint64)
 	// Linearizable returns once a read of Index() started afterwards reflects
 	// every write committed before the call (raft: leader check and barrier).
 	Linearizable(ctx context.Context) error
@@ -38,8 +43,10 @@ type Backend interface {
 	// holds; an unknown id fails with ErrNotFound.
 	UnregisterWorker(ctx context.Context, id string) (uint64, error)
 
-	// Cluster describes the raft cluster as this node sees it.
-	Cluster(ctx context.Context) (ClusterStatus, error)
+	// Cluster describes the raft cluster as this node sees it, with each
+	// member's applied index and, when withDigest, index digest (asked of
+	// the members).
+	Cluster(ctx context.Context, withDigest bool) (ClusterStatus, error)
 	// Join adds a node to the cluster; Leave removes one. Both return the
 	// applied index of the configuration change.
 	Join(ctx context.Context, m JoinRequest) (uint64, error)
@@ -73,7 +80,11 @@ type ClusterStatus struct {
 	Term         uint64
 	CommitIndex  uint64
 	AppliedIndex uint64
-	Members      []Member // ordered by id
+	// Digest and DigestApplied: this node's index digest and the applied index
+	// it was taken at (empty, 0 without withDigest).
+	Digest        string
+	DigestApplied uint64
+	Members       []Member // ordered by id
 }
 
 // Member is one node of the raft configuration.
@@ -84,6 +95,10 @@ type Member struct {
 	Voter        bool
 	IsLeader     bool
 	AppliedIndex uint64 // 0 when unknown
+	// Digest and DigestApplied as the member reports them ("" and 0 when
+	// unknown).
+	Digest        string
+	DigestApplied uint64
 }
 
 // JoinRequest names a node to add to the cluster.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -363,11 +364,26 @@ func checkReplicas(t *testing.T, c *testCluster, engines map[string]*fakeengine.
 	t.Helper()
 	live := c.live()
 	c.caughtUp(live, lastSeqs(t, engines), 60*time.Second)
-	digest := live[0].srv.Index().Digest()
-	for _, cn := range live[1:] {
-		if d := cn.srv.Index().Digest(); d != digest {
-			t.Errorf("%s's index digest differs from %s's", cn.id, live[0].id)
+	// Every member's digest as GET /cluster reports it: at one applied index,
+	// one digest, the one of the index itself.
+	code, body := httpDo(t, "GET", "http://"+live[0].srv.HTTPAddr()+"/cluster", nil)
+	var cl clusterJSON
+	if err := json.Unmarshal(body, &cl); code != http.StatusOK || err != nil {
+		t.Fatalf("GET /cluster = %d %s (%v)", code, body, err)
+	}
+	want := live[0].srv.Index().Digest()
+	reported := 0
+	for _, m := range cl.Members {
+		if slices.IndexFunc(live, func(cn *clusterNode) bool { return cn.id == m.ID }) < 0 {
+			continue
 		}
+		reported++
+		if m.IndexDigest != hex.EncodeToString(want[:]) || m.DigestAppliedIndex != cl.DigestAppliedIndex {
+			t.Errorf("/cluster: member %s digest %q at applied index %d, want %x at %d (%s's)", m.ID, m.IndexDigest, m.DigestAppliedIndex, want, cl.DigestAppliedIndex, live[0].id)
+		}
+	}
+	if reported != len(live) {
+		t.Errorf("/cluster listed %d of the %d live members: %s", reported, len(live), body)
 	}
 	compared := fakeenginetest.AssertIndexHoldsTruth(t, live[0].srv.Index(), engines)
 	leader := c.leader(10 * time.Second)

@@ -86,6 +86,9 @@ type Config struct {
 	// ("" or "builtin") serves models without one.
 	Tokenizers        tokenize.Specs
 	FallbackTokenizer string
+	// ReadyMaxLag is how many committed log entries a node may have left to
+	// apply and still be ready (see readiness.go).
+	ReadyMaxLag int
 	// WatchBuffer is how many batches of changes a Watch stream may fall behind.
 	WatchBuffer int
 	LogLevel    string
@@ -154,6 +157,8 @@ func (c *Config) Validate() error {
 		return invalid("--http-read-timeout=%v, --http-write-timeout=%v and --http-idle-timeout=%v must be positive", c.HTTPReadTimeout, c.HTTPWriteTimeout, c.HTTPIdleTimeout)
 	case c.GRPCMaxConcurrentStreams < 1:
 		return invalid("--grpc-max-concurrent-streams=%d must be at least 1", c.GRPCMaxConcurrentStreams)
+	case c.ReadyMaxLag < 0:
+		return invalid("--ready-max-lag=%d must not be negative", c.ReadyMaxLag)
 	case c.MaxWatchStreams < 1:
 		return invalid("--max-watch-streams=%d must be at least 1", c.MaxWatchStreams)
 	case c.FallbackTokenizer != "" && c.FallbackTokenizer != BuiltinTokenizer:
@@ -291,6 +296,7 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.Var(&tokenizerFlag{list: &cfg.Tokenizers, replaceOld: replaceLists}, "tokenizer",
 		"tokenizer of a model for text and chat prompts, repeatable, as `model=dir` (a Hugging Face tokenizer.json directory; dir \"builtin\": the fake engine's byte-level tokenizer)")
 	fs.StringVar(&cfg.FallbackTokenizer, "fallback-tokenizer", cfg.FallbackTokenizer, "tokenizer for models without --tokenizer: \"builtin\" or empty (text for such models is refused)")
+	fs.IntVar(&cfg.ReadyMaxLag, "ready-max-lag", cfg.ReadyMaxLag, "committed log entries a node may have left to apply and still answer /readyz 200 (a follower also needs recent contact with the leader and the leader's commit index)")
 	fs.IntVar(&cfg.WatchBuffer, "watch-buffer", cfg.WatchBuffer, "batches of changes a Watch stream may fall behind before it is ended")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
@@ -304,6 +310,11 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.StringVar(&in.NATSURL, "nats-url", in.NATSURL, "NATS server `url` (with --kv-event-transport nats)")
 	fs.StringVar(&in.NATSSubjectPrefix, "nats-subject-prefix", in.NATSSubjectPrefix, "NATS subjects are <prefix>.<worker>.<dp_rank>")
 	fs.IntVar(&in.DefaultBlockSize, "block-size", in.DefaultBlockSize, "tokens per KV block of workers that do not say; events with another block_size are refused (0: take each event's)")
+	fs.IntVar(&in.MaxDiscoveredWorkers, "max-discovered-workers", in.MaxDiscoveredWorkers, "discovery on --zmq-bind or NATS adds no worker while this node follows this many workers its configuration does not declare (discovered or registered); refusals are counted in kvindex_ingest_decode_errors_total{reason=\"discovery_limit\"} (0: no discovery)")
+	fs.Func("discover-allow", "comma-separated `patterns` (path.Match: pod-*, vllm-?) of the worker ids discovery accepts; others are counted (reason not_allowed) and dropped (default: any)",
+		func(v string) error { in.DiscoverAllow = envflag.SplitList(v); return nil })
+	fs.Func("discover-replay-allow", "comma-separated `patterns` of the replay endpoints a NATS Kv-Replay header may name (tcp:// only); others are ignored and counted (reason replay_not_allowed) (default "+strings.Join(in.ReplayAllow, ",")+")",
+		func(v string) error { in.ReplayAllow = envflag.SplitList(v); return nil })
 	fs.IntVar(&in.MaxFrameBytes, "max-frame-bytes", in.MaxFrameBytes, "largest event batch accepted, in `bytes`; larger ones are counted and dropped")
 	fs.DurationVar(&in.ReplayTimeout, "replay-timeout", in.ReplayTimeout, "how long a replay from an engine may go without a reply")
 	fs.DurationVar(&in.IdleReplayInterval, "idle-replay-interval", in.IdleReplayInterval, "ask an engine that has been silent this long for batches we may have missed (0 disables)")

@@ -37,7 +37,7 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 	for _, name := range []string{"node-id", "data-dir", "grpc-addr", "http-addr", "zmq-bind", "worker", "workers-file",
 		"kv-event-transport", "nats-url", "nats-subject-prefix", "block-size", "max-body-bytes", "config",
 		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "insecure-no-admin-token", "raft-tls-ca", "raft-tls-cert", "raft-tls-key",
-		"http-read-timeout", "http-write-timeout", "http-idle-timeout", "grpc-max-concurrent-streams", "max-watch-streams", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
+		"http-read-timeout", "http-write-timeout", "max-discovered-workers", "discover-allow", "discover-replay-allow", "ready-max-lag", "http-idle-timeout", "grpc-max-concurrent-streams", "max-watch-streams", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
 		"raft-addr", "raft-advertise", "grpc-advertise", "bootstrap", "join", "raft-batch-max-events", "raft-batch-max-wait",
 		"raft-snapshot-threshold", "raft-trailing-logs"} {
 		if !strings.Contains(help.String(), "--"+name+" ") {
@@ -147,6 +147,9 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{[]string{"--http-addr", ":7080"}, nil, "--http-addr=:7080 listens beyond loopback"},
 		{[]string{"--http-read-timeout", "0s"}, nil, "--http-read-timeout=0s"},
 		{[]string{"--max-watch-streams", "0"}, nil, "--max-watch-streams=0"},
+		{[]string{"--max-discovered-workers", "-1"}, nil, "--max-discovered-workers=-1"},
+		{[]string{"--discover-allow", "pod-["}, nil, "--discover-allow pattern \"pod-[\""},
+		{[]string{"--discover-replay-allow", "nats://*"}, nil, "must start with tcp://"},
 		{[]string{"--grpc-max-concurrent-streams", "0"}, nil, "--grpc-max-concurrent-streams=0"},
 		{nil, map[string]string{"KVINDEX_BLOCK_SIZE": "many"}, "KVINDEX_BLOCK_SIZE"},
 		{[]string{"--config", write("unknown.yaml", "colour: red\n")}, nil, `unknown key "colour"`},

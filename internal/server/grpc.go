@@ -310,9 +310,11 @@ func (s indexService) Stats(context.Context, *kvindexv1.StatsRequest) (*kvindexv
 func (a *API) stats() *kvindexv1.StatsResponse {
 	applied := a.backend.AppliedIndex()
 	st := a.backend.Index().Stats()
+	digest, digestApplied := a.backend.Digest()
 	return &kvindexv1.StatsResponse{
 		Nodes: uint64(st.Nodes), Residencies: uint64(st.Residencies), Workers: uint32(st.Workers),
 		Namespaces: uint32(st.Namespaces), AppliedIndex: applied, Counters: indexCounters(st),
+		IndexDigest: digest, DigestAppliedIndex: digestApplied,
 	}
 }
 
@@ -392,8 +394,10 @@ func (a *API) dump(ctx context.Context, req *kvindexv1.DumpRequest, send func(*k
 			return req.Model == "" || (w != nil && w.model == req.Model)
 		}
 	}
-	applied := a.backend.AppliedIndex()
-	nodes := a.backend.Index().Nodes()
+	// One copy of the index, taken between two applied writes, gives both the
+	// nodes and their applied index; walking it holds no lock.
+	snap, applied := a.backend.IndexCopy()
+	nodes := snap.Nodes()
 	seqs := make([]uint64, len(nodes))
 	nsOf := make([]uint64, len(nodes))
 	msg := &kvindexv1.DumpResponse{AppliedIndex: applied}
@@ -518,17 +522,18 @@ func (s adminService) Leave(ctx context.Context, req *kvindexv1.LeaveRequest) (*
 	return &kvindexv1.LeaveResponse{AppliedIndex: applied}, nil
 }
 
-func (s adminService) Cluster(ctx context.Context, _ *kvindexv1.ClusterRequest) (*kvindexv1.ClusterResponse, error) {
-	return s.a.cluster(ctx)
+func (s adminService) Cluster(ctx context.Context, req *kvindexv1.ClusterRequest) (*kvindexv1.ClusterResponse, error) {
+	return s.a.cluster(ctx, !req.WithoutDigest)
 }
 
-func (a *API) cluster(ctx context.Context) (*kvindexv1.ClusterResponse, error) {
-	cs, err := a.backend.Cluster(ctx)
+func (a *API) cluster(ctx context.Context, withDigest bool) (*kvindexv1.ClusterResponse, error) {
+	cs, err := a.backend.Cluster(ctx, withDigest)
 	if err != nil {
 		return nil, err
 	}
 	resp := &kvindexv1.ClusterResponse{
 		Leader: cs.LeaderID, Term: cs.Term, CommitIndex: cs.CommitIndex, AppliedIndex: cs.AppliedIndex, NodeId: cs.NodeID,
+		IndexDigest: cs.Digest, DigestAppliedIndex: cs.DigestApplied,
 	}
 	for _, m := range cs.Members {
 		suffrage := kvindexv1.Suffrage_SUFFRAGE_VOTER
@@ -537,7 +542,7 @@ func (a *API) cluster(ctx context.Context) (*kvindexv1.ClusterResponse, error) {
 		}
 		resp.Members = append(resp.Members, &kvindexv1.ClusterMember{
 			Id: m.ID, RaftAddr: m.RaftAddr, GrpcAddr: m.GRPCAddr, Suffrage: suffrage,
-			AppliedIndex: m.AppliedIndex, IsLeader: m.IsLeader,
+			AppliedIndex: m.AppliedIndex, IsLeader: m.IsLeader, IndexDigest: m.Digest, DigestAppliedIndex: m.DigestApplied,
 		})
 	}
 	return resp, nil

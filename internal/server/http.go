@@ -312,12 +312,16 @@ func (a *API) handleWorkers(w http.ResponseWriter, r *http.Request) error {
 // clusterJSON is GET /cluster, the shape DESIGN.md fixes for other tools: plain
 // numbers (not protojson's quoted uint64s) and lower-case suffrage names.
 type clusterJSON struct {
-	NodeID       string              `json:"node_id"`
-	Leader       string              `json:"leader"`
-	Term         uint64              `json:"term"`
-	CommitIndex  uint64              `json:"commit_index"`
-	AppliedIndex uint64              `json:"applied_index"`
-	Members      []clusterMemberJSON `json:"members"`
+	NodeID       string `json:"node_id"`
+	Leader       string `json:"leader"`
+	Term         uint64 `json:"term"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	// IndexDigest is the answering node's index digest (hex SHA-256) at
+	// DigestAppliedIndex.
+	IndexDigest        string              `json:"index_digest"`
+	DigestAppliedIndex uint64              `json:"digest_applied_index"`
+	Members            []clusterMemberJSON `json:"members"`
 }
 
 type clusterMemberJSON struct {
@@ -327,18 +331,24 @@ type clusterMemberJSON struct {
 	Suffrage     string `json:"suffrage"`
 	AppliedIndex uint64 `json:"applied_index"`
 	IsLeader     bool   `json:"is_leader"`
+	// IndexDigest and DigestAppliedIndex as the member reports them ("", 0
+	// when it did not answer): equal applied indexes, equal digests.
+	IndexDigest        string `json:"index_digest"`
+	DigestAppliedIndex uint64 `json:"digest_applied_index"`
 }
 
 func (a *API) handleCluster(w http.ResponseWriter, r *http.Request) error {
-	resp, err := a.cluster(r.Context())
+	resp, err := a.cluster(r.Context(), true)
 	if err != nil {
 		return err
 	}
 	out := clusterJSON{NodeID: resp.GetNodeId(), Leader: resp.GetLeader(), Term: resp.GetTerm(),
-		CommitIndex: resp.GetCommitIndex(), AppliedIndex: resp.GetAppliedIndex(), Members: []clusterMemberJSON{}}
+		CommitIndex: resp.GetCommitIndex(), AppliedIndex: resp.GetAppliedIndex(),
+		IndexDigest: resp.GetIndexDigest(), DigestAppliedIndex: resp.GetDigestAppliedIndex(), Members: []clusterMemberJSON{}}
 	for _, m := range resp.GetMembers() {
 		out.Members = append(out.Members, clusterMemberJSON{ID: m.GetId(), RaftAddr: m.GetRaftAddr(), GRPCAddr: m.GetGrpcAddr(),
-			Suffrage: suffrageJSON(m.GetSuffrage()), AppliedIndex: m.GetAppliedIndex(), IsLeader: m.GetIsLeader()})
+			Suffrage: suffrageJSON(m.GetSuffrage()), AppliedIndex: m.GetAppliedIndex(), IsLeader: m.GetIsLeader(),
+			IndexDigest: m.GetIndexDigest(), DigestAppliedIndex: m.GetDigestAppliedIndex()})
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -49,15 +49,18 @@ type raftBackend struct {
 	regChanged chan struct{}     // capacity 1: registry changed since followRegistry last looked
 
 	conflicts sync.Map // worker id -> spec string whose registry conflict was logged
+
+	digests digests
+
+	// readiness: see readiness.go.
+	readyMaxLag    uint64
+	contactTimeout time.Duration
+	leaderProgress atomic.Pointer[leaderProgress]
 }
 
 var _ Backend = (*raftBackend)(nil)
 
 const (
-	// readyMaxLag is how many committed log entries a follower may have left to
-	// apply and still call itself caught up (ingest commits entries all the
-	// time, so a follower is rarely at zero).
-	readyMaxLag = 256
 	// leaderWait bounds how long a write waits for a leader to be known (an
 	// election) and a forwarded write for this node to apply it too.
 	leaderWait = 5 * time.Second
@@ -72,6 +75,9 @@ const (
 func (b *raftBackend) Index() *radix.Index  { return b.node.Index() }
 func (b *raftBackend) AppliedIndex() uint64 { return b.node.AppliedIndex() }
 func (b *raftBackend) Changes() *ChangeFeed { return b.feed }
+
+func (b *raftBackend) IndexCopy() (*radix.Snapshot, uint64) { return b.node.IndexCopy() }
+func (b *raftBackend) Digest() (string, uint64)             { return b.digests.get() }
 
 // fromRaft maps raftstore's errors to the API's sentinels.
 func fromRaft(err error) error {
@@ -101,29 +107,6 @@ func (b *raftBackend) Linearizable(ctx context.Context) error {
 		return fromRaft(err)
 	}
 	return fromRaft(b.node.Flush(ctx))
-}
-
-// Ready: a leader is known and this node has (nearly) applied what it
-// committed; the leader itself must also have its ingest running.
-func (b *raftBackend) Ready() error {
-	if err := b.node.Err(); err != nil {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	st, err := b.node.Cluster()
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	switch {
-	case st.LeaderID == "":
-		return fmt.Errorf("%w: no leader known (an election, or this node is not a member yet)", ErrUnavailable)
-	case st.LeaderID == b.nodeID && !b.node.IsLeader():
-		return fmt.Errorf("%w: elected leader, catching up with the log", ErrUnavailable)
-	case st.LeaderID == b.nodeID && !b.ingest.Running():
-		return fmt.Errorf("%w: ingest is starting or stopping", ErrUnavailable)
-	case st.CommitIndex > st.AppliedIndex+readyMaxLag:
-		return fmt.Errorf("%w: catching up: applied index %d of %d committed", ErrUnavailable, st.AppliedIndex, st.CommitIndex)
-	}
-	return nil
 }
 
 // Workers lists the replicated registry with each stream's replicated cursor.
@@ -227,7 +210,7 @@ func (b *raftBackend) Snapshot(ctx context.Context) (SnapshotInfo, error) {
 // member's applied index as the member itself reports it (0 for members that
 // do not answer within progressTimeout). A member asking another answers from
 // its own state only.
-func (b *raftBackend) Cluster(ctx context.Context) (ClusterStatus, error) {
+func (b *raftBackend) Cluster(ctx context.Context, withDigest bool) (ClusterStatus, error) {
 	st, err := b.node.Cluster()
 	if err != nil {
 		return ClusterStatus{}, fromRaft(err)
@@ -236,10 +219,16 @@ func (b *raftBackend) Cluster(ctx context.Context) (ClusterStatus, error) {
 		NodeID: st.NodeID, LeaderID: st.LeaderID, Term: st.Term, CommitIndex: st.CommitIndex, AppliedIndex: st.AppliedIndex,
 		Members: make([]Member, len(st.Members)),
 	}
+	if withDigest {
+		cs.Digest, cs.DigestApplied = b.Digest()
+	}
 	for i, m := range st.Members {
 		cs.Members[i] = Member{
 			ID: m.ID, RaftAddr: m.RaftAddr, GRPCAddr: m.GRPCAddr, Voter: m.Suffrage == raftstore.SuffrageVoter,
 			IsLeader: m.IsLeader, AppliedIndex: m.AppliedIndex,
+		}
+		if m.ID == b.nodeID {
+			cs.Members[i].Digest, cs.Members[i].DigestApplied = cs.Digest, cs.DigestApplied
 		}
 	}
 	if fromPeer(ctx) {
@@ -260,8 +249,8 @@ func (b *raftBackend) Cluster(ctx context.Context) (ClusterStatus, error) {
 			if err != nil {
 				return
 			}
-			if resp, err := c.Cluster(actx, &kvindexv1.ClusterRequest{}); err == nil && resp.NodeId == m.ID {
-				m.AppliedIndex = resp.AppliedIndex
+			if resp, err := c.Cluster(actx, &kvindexv1.ClusterRequest{WithoutDigest: !withDigest}); err == nil && resp.NodeId == m.ID {
+				m.AppliedIndex, m.Digest, m.DigestApplied = resp.AppliedIndex, resp.IndexDigest, resp.DigestAppliedIndex
 			}
 		}()
 	}
@@ -271,7 +260,8 @@ func (b *raftBackend) Cluster(ctx context.Context) (ClusterStatus, error) {
 
 // onLeader runs a write here when this node leads (local) and otherwise on the
 // leader through its gRPC API (remote), then waits (up to leaderWait) until this
-// node has applied the write too, so that a read here that follows sees it. A
+// node has applied the write too, so that a read here that follows sees it
+// (failing with ErrUnavailable when it has not: see waitForwarded). A
 // request from another member is never forwarded again. While no leader is
 // known, or the leader moved, it tries again for up to leaderWait.
 func (b *raftBackend) onLeader(ctx context.Context, local func() (uint64, error),
@@ -287,11 +277,7 @@ func (b *raftBackend) onLeader(ctx context.Context, local func() (uint64, error)
 		if nl.LeaderGRPCAddr != "" && nl.LeaderID != b.nodeID {
 			if index, err = b.forward(ctx, nl.LeaderGRPCAddr, remote); !errors.Is(err, ErrNotLeader) {
 				if err == nil {
-					wctx, cancel := context.WithTimeout(ctx, leaderWait)
-					if werr := b.node.WaitApplied(wctx, index); werr != nil {
-						b.log.Debug("a forwarded write is not applied here yet", "index", index, "err", werr)
-					}
-					cancel()
+					err = b.waitForwarded(ctx, index)
 				}
 				return index, err
 			}
@@ -305,6 +291,24 @@ func (b *raftBackend) onLeader(ctx context.Context, local func() (uint64, error)
 			return 0, ctx.Err()
 		}
 	}
+}
+
+// waitForwarded waits (up to leaderWait) until this node has applied the
+// forwarded write the leader committed at index. A write that is committed but
+// not applied here is not reported as done: the caller's next read here could
+// miss it. The error says it is committed, so a retry is known to be safe.
+func (b *raftBackend) waitForwarded(ctx context.Context, index uint64) error {
+	wctx, cancel := context.WithTimeout(ctx, leaderWait)
+	defer cancel()
+	err := b.node.WaitApplied(wctx, index)
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("%w: the leader committed the write at index %d, but this node (%s) has not applied it within %v (applied index %d): reads here may not show it yet; ask again, or read from the leader",
+		ErrUnavailable, index, b.nodeID, leaderWait, b.node.AppliedIndex())
 }
 
 func (b *raftBackend) forward(ctx context.Context, addr string, remote func(context.Context, kvindexv1.AdminServiceClient) (uint64, error)) (uint64, error) {

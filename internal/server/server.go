@@ -94,7 +94,8 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	s.peers = newPeers(cfg.NodeID, cfg.AdminToken, cfg.peerTLS(s.tls))
 	s.backend = &raftBackend{
 		ingest: s.ingest, feed: NewChangeFeed(cfg.WatchBuffer), peers: s.peers, log: logger, nodeID: cfg.NodeID,
-		regChanged: make(chan struct{}, 1),
+		regChanged:  make(chan struct{}, 1),
+		readyMaxLag: uint64(cfg.ReadyMaxLag), contactTimeout: cfg.Raft.HeartbeatTimeout,
 	}
 	rc := cfg.raftConfig()
 	rc.GRPCAddr = s.grpcAdvertise
@@ -120,6 +121,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 		return nil, err
 	}
 	s.backend.node = s.node
+	s.backend.digests = digests{copyIndex: s.node.IndexCopy, applied: s.node.AppliedIndex}
 	s.backend.index.Store(s.node.Index())
 	s.api, err = NewAPI(s.backend, APIConfig{
 		DefaultBlockSize: cfg.Ingest.DefaultBlockSize, MaxPromptTokens: cfg.MaxPromptTokens,
@@ -262,6 +264,7 @@ func (s *Server) Run(ctx context.Context) error {
 	})
 	run(func() { fail("grpc", s.grpc.Serve(s.grpcLn)) })
 	run(func() { s.followReadiness(ctx) })
+	run(func() { s.backend.followLeaderProgress(ctx) })
 	s.log.Info("indexer started", "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "raft", s.RaftAddr(), "data_dir", s.cfg.DataDir,
 		"join", s.cfg.Join, "tls", s.tls != nil, "mtls", s.cfg.TLSClientCA != "", "admin_token", s.cfg.AdminToken != "",
 		"transport", s.cfg.Ingest.Transport, "workers", len(s.cfg.Ingest.Workers), "zmq_bind", s.cfg.Ingest.ZMQBind,

@@ -480,7 +480,10 @@ func (x *LeaveResponse) GetAppliedIndex() uint64 {
 
 // ClusterRequest asks for the cluster state as the receiving node sees it.
 type ClusterRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Leave out the index digests (members use it to ask the leader for its
+	// commit index: a digest copies the whole index).
+	WithoutDigest bool `protobuf:"varint,1,opt,name=without_digest,json=withoutDigest,proto3" json:"without_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -515,6 +518,13 @@ func (*ClusterRequest) Descriptor() ([]byte, []int) {
 	return file_kvindex_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
+func (x *ClusterRequest) GetWithoutDigest() bool {
+	if x != nil {
+		return x.WithoutDigest
+	}
+	return false
+}
+
 // ClusterResponse is the cluster state as the receiving node sees it.
 type ClusterResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -529,9 +539,13 @@ type ClusterResponse struct {
 	// Highest log index applied to the index on the receiving node.
 	AppliedIndex uint64 `protobuf:"varint,5,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
 	// Node id of the node that answered.
-	NodeId        string `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NodeId string `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// SHA-256 (hex) of the answering node's index at digest_applied_index (see
+	// StatsResponse.index_digest).
+	IndexDigest        string `protobuf:"bytes,7,opt,name=index_digest,json=indexDigest,proto3" json:"index_digest,omitempty"`
+	DigestAppliedIndex uint64 `protobuf:"varint,8,opt,name=digest_applied_index,json=digestAppliedIndex,proto3" json:"digest_applied_index,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ClusterResponse) Reset() {
@@ -606,6 +620,20 @@ func (x *ClusterResponse) GetNodeId() string {
 	return ""
 }
 
+func (x *ClusterResponse) GetIndexDigest() string {
+	if x != nil {
+		return x.IndexDigest
+	}
+	return ""
+}
+
+func (x *ClusterResponse) GetDigestAppliedIndex() uint64 {
+	if x != nil {
+		return x.DigestAppliedIndex
+	}
+	return 0
+}
+
 // ClusterMember is one node of the raft configuration.
 type ClusterMember struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -620,9 +648,14 @@ type ClusterMember struct {
 	// Highest log index the member is known to have applied (0 if unknown).
 	AppliedIndex uint64 `protobuf:"varint,5,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
 	// Whether the member is the current leader.
-	IsLeader      bool `protobuf:"varint,6,opt,name=is_leader,json=isLeader,proto3" json:"is_leader,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	IsLeader bool `protobuf:"varint,6,opt,name=is_leader,json=isLeader,proto3" json:"is_leader,omitempty"`
+	// The member's index digest at digest_applied_index, as the member reports
+	// it (empty if it did not answer): members at the same digest_applied_index
+	// must have the same digest.
+	IndexDigest        string `protobuf:"bytes,7,opt,name=index_digest,json=indexDigest,proto3" json:"index_digest,omitempty"`
+	DigestAppliedIndex uint64 `protobuf:"varint,8,opt,name=digest_applied_index,json=digestAppliedIndex,proto3" json:"digest_applied_index,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ClusterMember) Reset() {
@@ -695,6 +728,20 @@ func (x *ClusterMember) GetIsLeader() bool {
 		return x.IsLeader
 	}
 	return false
+}
+
+func (x *ClusterMember) GetIndexDigest() string {
+	if x != nil {
+		return x.IndexDigest
+	}
+	return ""
+}
+
+func (x *ClusterMember) GetDigestAppliedIndex() uint64 {
+	if x != nil {
+		return x.DigestAppliedIndex
+	}
+	return 0
 }
 
 // SnapshotRequest asks for a raft snapshot now.
@@ -814,22 +861,27 @@ const file_kvindex_v1_admin_proto_rawDesc = "" +
 	"\fLeaveRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"4\n" +
 	"\rLeaveResponse\x12#\n" +
-	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\"\x10\n" +
-	"\x0eClusterRequest\"\xd3\x01\n" +
+	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\"7\n" +
+	"\x0eClusterRequest\x12%\n" +
+	"\x0ewithout_digest\x18\x01 \x01(\bR\rwithoutDigest\"\xa8\x02\n" +
 	"\x0fClusterResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\tR\x06leader\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x123\n" +
 	"\amembers\x18\x03 \x03(\v2\x19.kvindex.v1.ClusterMemberR\amembers\x12!\n" +
 	"\fcommit_index\x18\x04 \x01(\x04R\vcommitIndex\x12#\n" +
 	"\rapplied_index\x18\x05 \x01(\x04R\fappliedIndex\x12\x17\n" +
-	"\anode_id\x18\x06 \x01(\tR\x06nodeId\"\xcd\x01\n" +
+	"\anode_id\x18\x06 \x01(\tR\x06nodeId\x12!\n" +
+	"\findex_digest\x18\a \x01(\tR\vindexDigest\x120\n" +
+	"\x14digest_applied_index\x18\b \x01(\x04R\x12digestAppliedIndex\"\xa2\x02\n" +
 	"\rClusterMember\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x120\n" +
 	"\bsuffrage\x18\x04 \x01(\x0e2\x14.kvindex.v1.SuffrageR\bsuffrage\x12#\n" +
 	"\rapplied_index\x18\x05 \x01(\x04R\fappliedIndex\x12\x1b\n" +
-	"\tis_leader\x18\x06 \x01(\bR\bisLeader\"\x11\n" +
+	"\tis_leader\x18\x06 \x01(\bR\bisLeader\x12!\n" +
+	"\findex_digest\x18\a \x01(\tR\vindexDigest\x120\n" +
+	"\x14digest_applied_index\x18\b \x01(\x04R\x12digestAppliedIndex\"\x11\n" +
 	"\x0fSnapshotRequest\"G\n" +
 	"\x10SnapshotResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x1d\n" +

@@ -1258,9 +1258,15 @@ type StatsResponse struct {
 	// Event counters since this replica's index was created or restored, by name
 	// (e.g. "stored_blocks", "removed_unknown"); the names are those of the
 	// indexer's metrics without their prefix.
-	Counters      map[string]uint64 `protobuf:"bytes,6,rep,name=counters,proto3" json:"counters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Counters map[string]uint64 `protobuf:"bytes,6,rep,name=counters,proto3" json:"counters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// SHA-256 (hex) of this replica's index as of digest_applied_index, taken
+	// from one copy of it: replicas at the same digest_applied_index have equal
+	// digests. Computing it copies the index, one Stats at a time.
+	IndexDigest string `protobuf:"bytes,7,opt,name=index_digest,json=indexDigest,proto3" json:"index_digest,omitempty"`
+	// Raft log index index_digest was taken at.
+	DigestAppliedIndex uint64 `protobuf:"varint,8,opt,name=digest_applied_index,json=digestAppliedIndex,proto3" json:"digest_applied_index,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *StatsResponse) Reset() {
@@ -1333,6 +1339,20 @@ func (x *StatsResponse) GetCounters() map[string]uint64 {
 		return x.Counters
 	}
 	return nil
+}
+
+func (x *StatsResponse) GetIndexDigest() string {
+	if x != nil {
+		return x.IndexDigest
+	}
+	return ""
+}
+
+func (x *StatsResponse) GetDigestAppliedIndex() uint64 {
+	if x != nil {
+		return x.DigestAppliedIndex
+	}
+	return 0
 }
 
 // WatchRequest selects which changes to stream.
@@ -1785,7 +1805,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x0fWorkersResponse\x120\n" +
 	"\aworkers\x18\x01 \x03(\v2\x16.kvindex.v1.WorkerInfoR\aworkers\x12#\n" +
 	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\"\x0e\n" +
-	"\fStatsRequest\"\xa8\x02\n" +
+	"\fStatsRequest\"\xfd\x02\n" +
 	"\rStatsResponse\x12\x14\n" +
 	"\x05nodes\x18\x01 \x01(\x04R\x05nodes\x12 \n" +
 	"\vresidencies\x18\x02 \x01(\x04R\vresidencies\x12\x18\n" +
@@ -1794,7 +1814,9 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"namespaces\x18\x04 \x01(\rR\n" +
 	"namespaces\x12#\n" +
 	"\rapplied_index\x18\x05 \x01(\x04R\fappliedIndex\x12C\n" +
-	"\bcounters\x18\x06 \x03(\v2'.kvindex.v1.StatsResponse.CountersEntryR\bcounters\x1a;\n" +
+	"\bcounters\x18\x06 \x03(\v2'.kvindex.v1.StatsResponse.CountersEntryR\bcounters\x12!\n" +
+	"\findex_digest\x18\a \x01(\tR\vindexDigest\x120\n" +
+	"\x14digest_applied_index\x18\b \x01(\x04R\x12digestAppliedIndex\x1a;\n" +
 	"\rCountersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\">\n" +
