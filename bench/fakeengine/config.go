@@ -477,7 +477,7 @@ func RegisterFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.DurationVar(&cfg.Timing.DecodePerSeq, "decode-per-seq", cfg.Timing.DecodePerSeq, "extra step cost per decoding sequence")
 	fs.DurationVar(&cfg.Timing.CPULoadPerToken, "cpu-load-per-token", cfg.Timing.CPULoadPerToken, "cost of each prompt token loaded back from the CPU tier")
 	fs.DurationVar(&cfg.Timing.KVTransferPerToken, "kv-transfer-per-token", cfg.Timing.KVTransferPerToken, "cost of each prompt token received from a prefill engine (role decode)")
-	fs.Var(&cfg.Tokenizers, "tokenizer", "`model=dir` of a Hugging Face tokenizer (repeatable); loading one is not supported yet and fails at start; without it the built-in byte-level tokenizer is used")
+	fs.Var(&cfg.Tokenizers, "tokenizer", "`model=dir` of a Hugging Face tokenizer (repeatable); the engine then tokenizes with it (internal/tokenize); without it the built-in byte-level tokenizer is used")
 	fs.Var(stringList{&cfg.LoRAModules}, "lora-modules", "comma-separated LoRA adapter `names` served besides --model (requests naming one get lora_name in events)")
 	fs.Uint64Var(&cfg.BlockHashSeed, "block-hash-seed", cfg.BlockHashSeed, "seed of the opaque engine block hashes (0 = random per engine)")
 	fs.IntVar(&cfg.Faults.DropEveryNBatches, "fault-drop-every-n-batches", cfg.Faults.DropEveryNBatches, "withhold every Nth event batch from PUB (kept for replay); 0 disables")

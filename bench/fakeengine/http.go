@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvindex/kvindex/internal/openai"
 	"github.com/kvindex/kvindex/internal/tokenize"
 )
 
@@ -74,7 +75,7 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 // statusOf maps engine errors to HTTP statuses.
 func statusOf(err error) int {
 	switch {
-	case errors.Is(err, ErrBadRequest), errors.Is(err, tokenize.ErrInvalidMessages), errors.Is(err, tokenize.ErrInvalidTokenID):
+	case errors.Is(err, ErrBadRequest), errors.Is(err, openai.ErrBadRequest), errors.Is(err, tokenize.ErrInvalidMessages), errors.Is(err, tokenize.ErrInvalidTokenID):
 		return http.StatusBadRequest
 	case errors.Is(err, ErrModelNotFound):
 		return http.StatusNotFound
@@ -104,22 +105,26 @@ func newID(prefix string) string {
 }
 
 func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
-	var body completionRequest
+	var body openai.CompletionRequest
 	if err := decodeBody(w, r, &body); err != nil {
 		writeError(w, statusOf(err), err.Error())
 		return
 	}
-	if err := checkN(body.N); err != nil {
+	if err := openai.CheckN(body.N); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	addSpecial := body.AddSpecialTokens == nil || *body.AddSpecialTokens
-	prompt, err := promptTokens(body.Prompt, e.tok, addSpecial)
+	prompt, err := body.PromptTokens(e.tok)
 	if err != nil {
 		writeError(w, statusOf(err), err.Error())
 		return
 	}
-	req := Request{Prompt: prompt, Model: body.Model, CacheSalt: body.CacheSalt, KVTransfer: body.KVTransferParams}
+	kv, err := kvTransferParams(body.KVTransferParams)
+	if err != nil {
+		writeError(w, statusOf(err), err.Error())
+		return
+	}
+	req := Request{Prompt: prompt, Model: body.Model, CacheSalt: body.CacheSalt, KVTransfer: kv}
 	if body.MaxTokens != nil {
 		req.MaxTokens = *body.MaxTokens
 	}
@@ -127,30 +132,26 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
-	var body chatRequest
+	var body openai.ChatRequest
 	if err := decodeBody(w, r, &body); err != nil {
 		writeError(w, statusOf(err), err.Error())
 		return
 	}
-	if err := checkN(body.N); err != nil {
+	if err := openai.CheckN(body.N); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if len(body.Messages) == 0 {
-		writeError(w, http.StatusBadRequest, "messages must not be empty")
-		return
-	}
-	text, err := e.tok.ApplyChatTemplate(body.Messages, tokenize.ChatOptions{
-		AddGenerationPrompt:  body.AddGenerationPrompt == nil || *body.AddGenerationPrompt,
-		ContinueFinalMessage: body.ContinueFinalMessage,
-		Tools:                body.Tools,
-		Kwargs:               body.ChatTemplateKwargs,
-	})
+	prompt, err := body.PromptTokens(e.tok)
 	if err != nil {
 		writeError(w, statusOf(err), err.Error())
 		return
 	}
-	req := Request{Prompt: e.tok.Encode(text, body.AddSpecialTokens), Model: body.Model, CacheSalt: body.CacheSalt, KVTransfer: body.KVTransferParams}
+	kv, err := kvTransferParams(body.KVTransferParams)
+	if err != nil {
+		writeError(w, statusOf(err), err.Error())
+		return
+	}
+	req := Request{Prompt: prompt, Model: body.Model, CacheSalt: body.CacheSalt, KVTransfer: kv}
 	switch {
 	case body.MaxCompletionTokens != nil:
 		req.MaxTokens = *body.MaxCompletionTokens
@@ -171,7 +172,7 @@ type generation struct {
 	kind   genKind
 	model  string
 	stream bool
-	opts   *streamOptions
+	opts   *openai.StreamOptions
 }
 
 func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, req Request, g generation) {

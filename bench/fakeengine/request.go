@@ -2,7 +2,9 @@ package fakeengine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -54,6 +56,18 @@ type KVTransferParams struct {
 	RemoteHost      string  `json:"remote_host,omitempty"`
 	RemotePort      int     `json:"remote_port,omitempty"`
 	TPSize          int     `json:"tp_size,omitempty"`
+}
+
+// kvTransferParams decodes a request's raw kv_transfer_params (nil when absent).
+func kvTransferParams(raw json.RawMessage) (*KVTransferParams, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var kv KVTransferParams
+	if err := json.Unmarshal(raw, &kv); err != nil {
+		return nil, fmt.Errorf("%w: kv_transfer_params: %v", ErrBadRequest, err)
+	}
+	return &kv, nil
 }
 
 // Result describes a finished request. Sim* durations are simulated engine time
