@@ -1,0 +1,270 @@
+package router
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvindex/kvindex/internal/workerspec"
+)
+
+// Role is a worker's part in prefill/decode disaggregation.
+type Role uint8
+
+const (
+	// RoleBoth serves whole requests.
+	RoleBoth Role = iota
+	// RolePrefill runs the prefill leg only.
+	RolePrefill
+	// RoleDecode runs the decode leg only.
+	RoleDecode
+)
+
+func (r Role) String() string {
+	switch r {
+	case RolePrefill:
+		return "prefill"
+	case RoleDecode:
+		return "decode"
+	}
+	return "both"
+}
+
+func roleOf(s string) Role {
+	switch s {
+	case "prefill":
+		return RolePrefill
+	case "decode":
+		return RoleDecode
+	}
+	return RoleBoth
+}
+
+// Worker is one engine the router may send requests to. Values are immutable once
+// published in a fleet view.
+type Worker struct {
+	ID        string
+	Model     string
+	URL       string // base URL, no trailing slash
+	Role      Role
+	Ranks     uint32
+	BlockSize int
+	Labels    map[string]string
+	// Adapters are the LoRA adapters the engine lists in /v1/models; nil until
+	// the first poll answered.
+	Adapters map[string]bool
+}
+
+// Serves reports whether the worker takes requests for model, which may be its
+// base model or one of its LoRA adapters; lora is the adapter ("" for the base).
+func (w *Worker) Serves(model string) (lora string, ok bool) {
+	if model == "" || model == w.Model {
+		return "", true
+	}
+	return model, w.Adapters[model]
+}
+
+// fleetView is one immutable state of the fleet.
+type fleetView struct {
+	workers []*Worker // by id
+	byID    map[string]*Worker
+	// version grows with every change; the ring cache keys on it.
+	version uint64
+}
+
+// Fleet is the current set of workers, merged from the static --worker list, the
+// workers file and the indexer's registry (in that precedence on equal ids), plus
+// the LoRA adapters each engine lists. Readers take a view without locking.
+type Fleet struct {
+	log       *slog.Logger
+	blockSize int
+
+	mu       sync.Mutex
+	static   []workerspec.Spec          // guarded by mu
+	file     []workerspec.Spec          // guarded by mu
+	registry []workerspec.Spec          // guarded by mu
+	adapters map[string]map[string]bool // worker id -> adapters; guarded by mu
+	version  uint64                     // guarded by mu
+
+	view atomic.Pointer[fleetView]
+}
+
+func newFleet(static []workerspec.Spec, blockSize int, log *slog.Logger) *Fleet {
+	f := &Fleet{log: log, blockSize: blockSize, static: static, adapters: map[string]map[string]bool{}}
+	f.mu.Lock()
+	f.publishLocked()
+	f.mu.Unlock()
+	return f
+}
+
+// View returns the current workers.
+func (f *Fleet) View() *fleetView { return f.view.Load() }
+
+// Workers returns the current workers, ordered by id.
+func (f *Fleet) Workers() []*Worker { return f.view.Load().workers }
+
+func (f *Fleet) setFile(specs []workerspec.Spec) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.file = specs
+	f.publishLocked()
+}
+
+func (f *Fleet) setRegistry(specs []workerspec.Spec) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.registry = specs
+	f.publishLocked()
+}
+
+func (f *Fleet) setAdapters(id string, adapters map[string]bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if old, ok := f.adapters[id]; ok && maps.Equal(old, adapters) {
+		return
+	}
+	f.adapters[id] = adapters
+	f.publishLocked()
+}
+
+func (f *Fleet) publishLocked() {
+	byID := map[string]*Worker{}
+	for _, list := range [][]workerspec.Spec{f.registry, f.file, f.static} { // later wins
+		for _, s := range list {
+			if s.HTTP == "" {
+				continue // not routable; the indexer may know workers the router cannot reach
+			}
+			bs := s.BlockSize
+			if bs == 0 {
+				bs = f.blockSize
+			}
+			byID[s.ID] = &Worker{ID: s.ID, Model: s.Model, URL: strings.TrimRight(s.HTTP, "/"), Role: roleOf(s.Role),
+				Ranks: s.Ranks(), BlockSize: bs, Labels: s.Labels, Adapters: f.adapters[s.ID]}
+		}
+	}
+	for id := range f.adapters {
+		if byID[id] == nil {
+			delete(f.adapters, id)
+		}
+	}
+	ws := slices.SortedFunc(maps.Values(byID), func(a, b *Worker) int { return cmp.Compare(a.ID, b.ID) })
+	f.version++
+	f.view.Store(&fleetView{workers: ws, byID: byID, version: f.version})
+}
+
+// watchFile re-reads the workers file whenever its content changes, until ctx
+// ends. A file that fails to parse keeps the previous list (and is logged).
+func (f *Fleet) watchFile(ctx context.Context, path string, every time.Duration) {
+	var last []byte
+	load := func() {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			f.log.Warn("workers file unreadable; keeping the last list", "file", path, "err", err)
+			return
+		}
+		if last != nil && string(data) == string(last) {
+			return
+		}
+		specs, err := workerspec.ParseFile(data)
+		if err != nil {
+			f.log.Warn("workers file invalid; keeping the last list", "file", path, "err", err)
+			return
+		}
+		last = data
+		f.setFile(specs)
+		f.log.Info("workers file loaded", "file", path, "workers", len(specs))
+	}
+	load()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			load()
+		}
+	}
+}
+
+// modelCard is one entry of an engine's /v1/models.
+type modelCard struct {
+	ID          string  `json:"id"`
+	Object      string  `json:"object"`
+	Created     int64   `json:"created"`
+	OwnedBy     string  `json:"owned_by"`
+	Root        string  `json:"root,omitempty"`
+	Parent      *string `json:"parent"`
+	MaxModelLen int     `json:"max_model_len,omitempty"`
+}
+
+type modelList struct {
+	Object string      `json:"object"`
+	Data   []modelCard `json:"data"`
+}
+
+// maxModelsBody bounds what the router reads of an engine's /v1/models.
+const maxModelsBody = 4 << 20
+
+// fetchModels reads a worker's /v1/models.
+func fetchModels(ctx context.Context, hc *http.Client, w *Worker) ([]modelCard, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.URL+"/v1/models", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s/v1/models: %s", w.URL, resp.Status)
+	}
+	var list modelList
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxModelsBody)).Decode(&list); err != nil {
+		return nil, fmt.Errorf("GET %s/v1/models: %w", w.URL, err)
+	}
+	return list.Data, nil
+}
+
+// pollModels keeps every worker's LoRA adapters current, until ctx ends.
+func (f *Fleet) pollModels(ctx context.Context, hc *http.Client, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		for _, w := range f.Workers() {
+			cards, err := fetchModels(ctx, hc, w)
+			if err != nil {
+				if ctx.Err() == nil {
+					f.log.Debug("worker models unavailable", "worker", w.ID, "err", err)
+				}
+				continue
+			}
+			adapters := map[string]bool{}
+			for _, c := range cards {
+				if c.ID != w.Model {
+					adapters[c.ID] = true
+				}
+			}
+			f.setAdapters(w.ID, adapters)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,125 @@
+package router
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+	kvindex "github.com/kvindex/kvindex/clients/go"
+)
+
+// indexSource asks the indexer how much of a prompt each worker caches. A query
+// that fails or misses its deadline marks the indexer down for retryAfter, during
+// which the router routes on its approximate index without waiting on the
+// indexer; the first query after that window finds out whether it is back.
+type indexSource struct {
+	client     *kvindex.Client
+	timeout    time.Duration
+	retryAfter time.Duration
+	now        func() time.Time
+
+	downUntil atomic.Int64 // unix nanoseconds; 0 while up
+	// onResult is a metrics hook: whether a query was answered, and how long it took.
+	onResult func(ok bool, took time.Duration)
+}
+
+// up reports whether the indexer is believed to answer.
+func (s *indexSource) up() bool {
+	return s != nil && s.now().UnixNano() >= s.downUntil.Load()
+}
+
+// query returns per-target overlaps of the request's prompt on the given workers;
+// ok is false when the indexer is down or did not answer in time.
+func (s *indexSource) query(ctx context.Context, req *RouteRequest, workers []string) (map[Target]Overlap, bool) {
+	if !s.up() {
+		return nil, false
+	}
+	if len(req.LocalKeys) == 0 {
+		return map[Target]Overlap{}, true // nothing to match: no full block
+	}
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	start := s.now()
+	resp, err := s.client.QueryByHash(ctx, &kvindexv1.QueryByHashRequest{
+		Model: req.BaseModel, LoraName: req.LoRA, CacheSalt: req.CacheSalt,
+		BlockHashes: req.LocalKeys, HashKind: kvindexv1.BlockHashKind_BLOCK_HASH_KIND_LOCAL,
+		Workers: workers,
+	})
+	took := s.now().Sub(start)
+	if s.onResult != nil {
+		s.onResult(err == nil, took)
+	}
+	if err != nil {
+		if parent.Err() != nil {
+			return nil, false // our caller gave up; says nothing about the indexer
+		}
+		s.downUntil.Store(s.now().Add(s.retryAfter).UnixNano())
+		return nil, false
+	}
+	s.downUntil.Store(0)
+	out := make(map[Target]Overlap, len(resp.Scores))
+	for _, ws := range resp.Scores {
+		for _, r := range ws.DpRanks {
+			if r.MatchedBlocks > 0 {
+				out[Target{Worker: ws.Worker, Rank: r.DpRank}] = Overlap{
+					GPU: int(r.GpuMatchedBlocks), CPU: int(r.CpuMatchedBlocks), Disk: int(r.DiskMatchedBlocks), Source: SourceIndex,
+				}
+			}
+		}
+	}
+	return out, true
+}
+
+// overlaps fills the Overlap of every candidate of the groups: the indexer's
+// figure (or, while it is down, the approximate index of the router's own
+// decisions), raised to the predicted overlay's when that is longer, so siblings
+// of a burst co-locate before the engine has published their blocks. The indexer
+// is asked once per request, for every group's workers.
+func (r *Router) overlaps(ctx context.Context, p *prepared, groups ...[]Candidate) {
+	req := &p.route
+	if !p.indexAsked && r.index != nil {
+		p.indexAsked = true
+		var workers []string
+		for _, g := range groups {
+			for i := range g {
+				if len(workers) == 0 || workers[len(workers)-1] != g[i].Worker.ID {
+					workers = append(workers, g[i].Worker.ID)
+				}
+			}
+		}
+		p.indexed, p.indexOK = r.index.query(ctx, req, workers)
+	}
+	now := r.now()
+	for _, cands := range groups {
+		targets := make([]Target, len(cands))
+		for i := range cands {
+			targets[i] = cands[i].Target()
+		}
+		predicted := make([]int, len(cands))
+		r.predicted.Match(req.Keys, targets, now, predicted)
+		var approx []int
+		if !p.indexOK {
+			approx = make([]int, len(cands))
+			r.approx.Match(req.Keys, targets, now, approx)
+		}
+		for i := range cands {
+			o := Overlap{Source: SourceLoadOnly}
+			switch {
+			case p.indexOK:
+				if ix, ok := p.indexed[targets[i]]; ok {
+					o = ix
+				} else {
+					o.Source = SourceIndex
+				}
+			case approx[i] > 0:
+				o = Overlap{GPU: approx[i], Source: SourceApproximate}
+			}
+			if predicted[i] > o.Blocks() {
+				o = Overlap{GPU: predicted[i], Source: SourcePredicted}
+			}
+			cands[i].Overlap = o
+		}
+	}
+}

@@ -1,0 +1,154 @@
+package router
+
+import (
+	"math"
+	"math/rand/v2"
+)
+
+// Overlap is how many of a prompt's leading blocks a target caches, by tier, and
+// where that figure came from.
+type Overlap struct {
+	GPU, CPU, Disk int
+	Source         Source
+}
+
+// Blocks is the matched prefix on any tier.
+func (o Overlap) Blocks() int { return o.GPU + o.CPU + o.Disk }
+
+// Weighted is the overlap with lower tiers discounted: a CPU block costs a
+// transfer, a disk block more (gpu + 0.75 cpu + 0.25 disk).
+func (o Overlap) Weighted() float64 {
+	return float64(o.GPU) + 0.75*float64(o.CPU) + 0.25*float64(o.Disk)
+}
+
+// Source says where an overlap figure (and so a decision) came from; the values
+// are the source label of kvindex_router_decisions_total.
+type Source string
+
+const (
+	SourceIndex       Source = "index"       // the indexer's answer
+	SourcePredicted   Source = "predicted"   // recent decisions, before the engine's events arrived
+	SourceApproximate Source = "approximate" // the router's own decisions while the indexer is down
+	SourceLoadOnly    Source = "load-only"   // no overlap anywhere: load alone decided
+	SourceDirect      Source = "direct"      // a header named the worker
+	SourceSession     Source = "session"     // the session or cache-key ring
+)
+
+// EngineLoad is what the engine itself reports (--scrape-engine-metrics); zero
+// when not scraped.
+type EngineLoad struct {
+	Waiting, Running int
+	KVUsage          float64
+}
+
+// Candidate is one target a policy may pick, with everything policies score.
+type Candidate struct {
+	Worker  *Worker
+	Rank    uint32
+	Load    Load
+	Engine  EngineLoad
+	Overlap Overlap
+	// SessionBound: the request's session last went to this worker.
+	SessionBound bool
+
+	// Filled by the policy that picks.
+	Cost  float64
+	Terms CostTerms
+}
+
+// Target is the candidate's worker and rank.
+func (c *Candidate) Target() Target { return Target{Worker: c.Worker.ID, Rank: c.Rank} }
+
+// inFlight is the candidate's request load: the router's own, or what the engine
+// reports when that is larger (it also counts other routers' requests).
+func (c *Candidate) inFlight() int { return max(c.Load.InFlight, c.Engine.Waiting+c.Engine.Running) }
+
+// RouteRequest is the part of a request policies look at.
+type RouteRequest struct {
+	Model     string // as requested (base model or LoRA adapter)
+	BaseModel string
+	LoRA      string
+	CacheSalt string
+	// PromptTokens and BlockSize give the prompt's length in blocks.
+	PromptTokens int
+	BlockSize    int
+	OutputTokens int
+	// Keys are the prompt's chained block keys (namespace mixed in), one per full block.
+	Keys []uint64
+	// LocalKeys are the per-block keys the indexer is asked with.
+	LocalKeys []uint64
+	// SessionKey and PrefixKey feed the session and prefix-hash policies; empty
+	// when the request yields none.
+	SessionKey, PrefixKey string
+	KeySource             string
+	// Direct names the worker (and prefill worker) from direct-mode headers.
+	DirectWorker, DirectPrefill string
+
+	// pool is the pool being picked from (ring policies hash over all of it).
+	pool *poolRef
+}
+
+// PromptBlocks is the prompt's length in blocks (fractional: a partial last block
+// still has to be prefilled).
+func (r *RouteRequest) PromptBlocks() float64 {
+	return float64(r.PromptTokens) / float64(r.BlockSize)
+}
+
+// Policy picks one of the candidates. Pick is called with at least one candidate
+// and may be called concurrently; it fills Cost/Terms of the candidates it scores
+// and returns the index of its choice.
+type Policy interface {
+	Name() string
+	Pick(req *RouteRequest, cands []Candidate) int
+}
+
+// argmin returns the index of the lowest cost, ties broken at random (reservoir
+// sampling over the tied ones).
+func argmin(cands []Candidate, cost func(*Candidate) float64) int {
+	best, ties := -1, 0
+	bestCost := math.Inf(1)
+	for i := range cands {
+		c := cost(&cands[i])
+		switch {
+		case c < bestCost:
+			best, bestCost, ties = i, c, 1
+		case c == bestCost:
+			ties++
+			if rand.IntN(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	if best < 0 { // all NaN or +Inf
+		return rand.IntN(len(cands))
+	}
+	return best
+}
+
+// softmin samples a candidate with probability proportional to
+// exp(-(cost-min)/(temperature·(max-min))): costs are normalized by their spread so
+// that the temperature means the same at any scale.
+func softmin(cands []Candidate, temperature float64) int {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for i := range cands {
+		lo, hi = min(lo, cands[i].Cost), max(hi, cands[i].Cost)
+	}
+	spread := hi - lo
+	if spread <= 0 || math.IsInf(spread, 0) || math.IsNaN(spread) {
+		return rand.IntN(len(cands))
+	}
+	weights := make([]float64, len(cands))
+	sum := 0.0
+	for i := range cands {
+		weights[i] = math.Exp(-(cands[i].Cost - lo) / (temperature * spread))
+		sum += weights[i]
+	}
+	x := rand.Float64() * sum
+	for i, w := range weights {
+		if x < w {
+			return i
+		}
+		x -= w
+	}
+	return len(cands) - 1
+}

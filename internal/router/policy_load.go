@@ -1,0 +1,59 @@
+package router
+
+import (
+	"math/rand/v2"
+	"sync/atomic"
+)
+
+// roundRobin cycles through the candidates (ordered by worker and rank).
+type roundRobin struct{ next atomic.Uint64 }
+
+func (*roundRobin) Name() string { return PolicyRoundRobin }
+
+func (p *roundRobin) Pick(_ *RouteRequest, cands []Candidate) int {
+	return int((p.next.Add(1) - 1) % uint64(len(cands)))
+}
+
+// random picks uniformly.
+type random struct{}
+
+func (random) Name() string { return PolicyRandom }
+
+func (random) Pick(_ *RouteRequest, cands []Candidate) int { return rand.IntN(len(cands)) }
+
+// powerOfTwo samples two candidates and takes the one with fewer requests in flight.
+type powerOfTwo struct{}
+
+func (powerOfTwo) Name() string { return PolicyPowerOfTwo }
+
+func (powerOfTwo) Pick(_ *RouteRequest, cands []Candidate) int {
+	if len(cands) == 1 {
+		return 0
+	}
+	a := rand.IntN(len(cands))
+	b := rand.IntN(len(cands) - 1)
+	if b >= a {
+		b++
+	}
+	la, lb := cands[a].inFlight(), cands[b].inFlight()
+	cands[a].Cost, cands[b].Cost = float64(la), float64(lb)
+	if lb < la {
+		return b
+	}
+	return a
+}
+
+// leastLoaded takes the candidate with the fewest requests in flight, ties at
+// random. The ledger's reservation is taken in the same critical section as the
+// pick (route.go), so every request of a burst sees its predecessors' load
+// before any of them has finished: the burst spreads (seeds/002's reservations).
+type leastLoaded struct{}
+
+func (leastLoaded) Name() string { return PolicyLeastLoaded }
+
+func (leastLoaded) Pick(_ *RouteRequest, cands []Candidate) int {
+	for i := range cands {
+		cands[i].Cost = float64(cands[i].inFlight())
+	}
+	return argmin(cands, func(c *Candidate) float64 { return c.Cost })
+}

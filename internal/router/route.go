@@ -1,0 +1,372 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Exclusion reasons (the reason label of kvindex_router_excluded_total).
+const (
+	ExcludeBreaker = "breaker"
+	ExcludeBusy    = "busy"    // --max-active-prefill-tokens / --max-active-decode-blocks
+	ExcludeFull    = "full"    // --max-pending
+	ExcludeRetried = "retried" // already tried by this request
+)
+
+// errBusy: every eligible candidate is excluded by a busy threshold or the pending
+// limit; the request may wait in the admission queue.
+var errBusy = errors.New("every eligible worker is busy")
+
+// ErrNoWorkers: no worker could take the request (503).
+var ErrNoWorkers = errors.New("no worker available")
+
+// pool is the set of targets a decision draws from.
+type pool struct {
+	name    string
+	version uint64
+	workers []*Worker
+}
+
+func (p *pool) targets() []Target {
+	var ts []Target
+	for _, w := range p.workers {
+		for r := range w.Ranks {
+			ts = append(ts, Target{Worker: w.ID, Rank: r})
+		}
+	}
+	return ts
+}
+
+// poolRef lets ring policies see the whole pool, not only the eligible candidates.
+type poolRef struct {
+	name    string
+	version uint64
+	targets func() []Target
+}
+
+// Decision is where one request goes and why.
+type Decision struct {
+	Policy string
+	Source Source
+	Reason string
+	// Target serves the request (the decode leg under disaggregation).
+	Target Target
+	// Prefill is the prefill leg's target; nil when not disaggregated (including
+	// conditional local prefill).
+	Prefill *Target
+	// LocalPrefill: prefill and decode workers exist but the decode worker prefills
+	// this prompt itself (--pd-min-uncached-tokens).
+	LocalPrefill bool
+	// Candidates are every scored candidate of the serving (or decode) pool, and
+	// PrefillCandidates the prefill pool's; Excluded lists who was filtered out.
+	Candidates        []Candidate
+	PrefillCandidates []Candidate
+	Excluded          []Exclusion
+	// Available is the best overlap (blocks) any eligible candidate had; Captured is
+	// the chosen (prefill) target's.
+	Available, Captured int
+	Overlap             Overlap
+
+	// Held load, released by the request's owner.
+	res, prefillRes *Reservation
+}
+
+// Exclusion is one candidate filtered out before scoring.
+type Exclusion struct {
+	Target Target `json:"target"`
+	Reason string `json:"reason"`
+}
+
+// pools splits the model's workers into the aggregated pool, or the prefill and
+// decode pools when both exist.
+func (r *Router) pools(route *RouteRequest) (agg, prefill, decode *pool) {
+	v := r.fleet.View()
+	var both, pre, dec []*Worker
+	for _, w := range v.workers {
+		if w.Model != route.BaseModel {
+			continue
+		}
+		if _, ok := w.Serves(route.Model); !ok {
+			continue
+		}
+		switch w.Role {
+		case RolePrefill:
+			pre = append(pre, w)
+		case RoleDecode:
+			dec = append(dec, w)
+		default:
+			both = append(both, w)
+		}
+	}
+	key := route.Model + "\x00"
+	if len(pre) > 0 && len(dec) > 0 {
+		return nil, &pool{name: key + "prefill", version: v.version, workers: pre}, &pool{name: key + "decode", version: v.version, workers: dec}
+	}
+	if len(both) == 0 { // only one half of a PD fleet: let it serve whole requests
+		both = append(pre, dec...)
+	}
+	return &pool{name: key + "both", version: v.version, workers: both}, nil, nil
+}
+
+// candidates lists the pool's targets with their load, filtered: exclusions are
+// recorded with their reason. If only the breaker excluded anyone and nobody is
+// left, the breaker-excluded ones come back (a probably-bad worker beats none). If
+// busy thresholds left nobody, errBusy.
+func (r *Router) candidates(p *pool, tried map[string]bool, excluded *[]Exclusion) ([]Candidate, error) {
+	var cands, broken []Candidate
+	busy := false
+	loads := r.ledger.Loads()
+	for _, w := range p.workers {
+		for rank := range w.Ranks {
+			t := Target{Worker: w.ID, Rank: rank}
+			c := Candidate{Worker: w, Rank: rank, Load: loads[t], Engine: r.engineLoad(t)}
+			reason := ""
+			switch {
+			case tried[w.ID]:
+				reason = ExcludeRetried
+			case !r.breakers.Allows(w.ID):
+				reason = ExcludeBreaker
+				broken = append(broken, c)
+			case r.cfg.MaxPending > 0 && c.Load.InFlight >= r.cfg.MaxPending:
+				reason, busy = ExcludeFull, true
+			case r.cfg.MaxActivePrefillTokens > 0 && c.Load.PrefillTokens >= r.cfg.MaxActivePrefillTokens,
+				r.cfg.MaxActiveDecodeBlocks > 0 && c.Load.DecodeBlocks >= r.cfg.MaxActiveDecodeBlocks:
+				reason, busy = ExcludeBusy, true
+			}
+			if reason != "" {
+				*excluded = append(*excluded, Exclusion{Target: t, Reason: reason})
+				r.metrics.excluded.WithLabelValues(reason).Inc()
+				continue
+			}
+			cands = append(cands, c)
+		}
+	}
+	switch {
+	case len(cands) > 0:
+		return cands, nil
+	case busy:
+		return nil, errBusy
+	case len(broken) > 0:
+		return broken, nil
+	}
+	return nil, fmt.Errorf("%w for model %q (%d workers, all excluded)", ErrNoWorkers, p.name[:strings.IndexByte(p.name, 0)], len(p.workers))
+}
+
+// decide routes a prepared request once: pools, filters, overlaps, policy, and the
+// reservations of the chosen targets (taken under pickMu together with the pick,
+// so concurrent decisions see each other's load). tried lists workers this request
+// already failed on.
+func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool, dryRun bool) (*Decision, error) {
+	route := &p.route
+	agg, prePool, decPool := r.pools(route)
+	if agg != nil && len(agg.workers) == 0 {
+		return nil, fmt.Errorf("%w: no worker serves the model `%s`", ErrUnknownModel, route.Model)
+	}
+	d := &Decision{Policy: r.policy.Name()}
+	if route.DirectWorker != "" {
+		return r.decideDirect(p, d, dryRun, agg, prePool, decPool)
+	}
+	serve := agg
+	if decPool != nil {
+		serve = decPool
+	}
+	cands, err := r.candidates(serve, tried, &d.Excluded)
+	if err != nil {
+		return nil, err
+	}
+	var pre []Candidate
+	if prePool != nil {
+		if pre, err = r.candidates(prePool, tried, &d.Excluded); err != nil && !errors.Is(err, ErrNoWorkers) {
+			return nil, err
+		}
+	}
+	if p.endpoint != endpointOther {
+		r.overlaps(ctx, p, cands, pre)
+	}
+	r.markSession(route, cands)
+
+	r.pickMu.Lock()
+	defer r.pickMu.Unlock()
+	r.refreshLoads(cands)
+	route.pool = &poolRef{name: serve.name, version: serve.version, targets: serve.targets}
+	i := r.policy.Pick(route, cands)
+	d.Candidates, d.Target = cands, cands[i].Target()
+	chosen := cands[i]
+	if len(pre) > 0 {
+		uncachedOnDecode := route.PromptTokens - chosen.Overlap.Blocks()*route.BlockSize
+		if uncachedOnDecode < r.cfg.PDMinUncachedTokens {
+			d.LocalPrefill = true
+			d.Reason = fmt.Sprintf("decode worker prefills locally: %d uncached tokens < --pd-min-uncached-tokens", uncachedOnDecode)
+		} else {
+			r.refreshLoads(pre)
+			route.pool = &poolRef{name: prePool.name, version: prePool.version, targets: prePool.targets}
+			j := r.policy.Pick(route, pre)
+			t := pre[j].Target()
+			d.Prefill, d.PrefillCandidates = &t, pre
+			chosen = pre[j]
+		}
+	}
+	d.Overlap = chosen.Overlap
+	d.Captured = chosen.Overlap.Blocks()
+	for _, c := range slices.Concat(cands, d.PrefillCandidates) {
+		d.Available = max(d.Available, c.Overlap.Blocks())
+	}
+	d.Source = chosen.Overlap.Source
+	if r.cfg.Policy == PolicySession || r.cfg.Policy == PolicyPrefixHash {
+		d.Source = SourceSession
+	}
+	if !dryRun {
+		r.reserve(d, route)
+	}
+	return d, nil
+}
+
+// refreshLoads re-reads the load of every candidate; called under pickMu so that
+// the pick sees every reservation taken before it.
+func (r *Router) refreshLoads(cands []Candidate) {
+	for i := range cands {
+		cands[i].Load = r.ledger.Load(cands[i].Target())
+	}
+}
+
+// reserve takes the decision's load: the serving target holds the uncached
+// prefill tokens (unless a prefill worker does them) and the decode blocks; the
+// prefill target holds its uncached tokens until its answer.
+func (r *Router) reserve(d *Decision, route *RouteRequest) {
+	bs := route.BlockSize
+	decodeBlocks := (route.PromptTokens + route.OutputTokens + bs - 1) / bs
+	uncached := func(o Overlap) int { return max(route.PromptTokens-o.Blocks()*bs, 0) }
+	servePrefill := 0
+	if d.Prefill == nil {
+		servePrefill = uncached(d.candidate(d.Target).Overlap)
+	}
+	d.res = r.ledger.Reserve(d.Target, servePrefill, decodeBlocks)
+	if d.Prefill != nil {
+		d.prefillRes = r.ledger.Reserve(*d.Prefill, uncached(d.Overlap), 0)
+	}
+	now := r.now()
+	if len(route.Keys) > 0 {
+		r.predicted.Record(route.Keys, d.Target, now)
+		r.approx.Record(route.Keys, d.Target, now)
+		if d.Prefill != nil {
+			r.predicted.Record(route.Keys, *d.Prefill, now)
+			r.approx.Record(route.Keys, *d.Prefill, now)
+		}
+	}
+	if route.SessionKey != "" {
+		r.sessions.set(route.SessionKey, d.Target.Worker, now)
+	}
+}
+
+// candidate returns the candidate for t (zero if absent).
+func (d *Decision) candidate(t Target) Candidate {
+	for _, c := range slices.Concat(d.Candidates, d.PrefillCandidates) {
+		if c.Target() == t {
+			return c
+		}
+	}
+	return Candidate{}
+}
+
+// release returns every reservation of the decision (idempotent).
+func (d *Decision) release() {
+	if d.res != nil {
+		d.res.Release()
+	}
+	if d.prefillRes != nil {
+		d.prefillRes.Release()
+	}
+}
+
+// markSession flags the candidates on the worker the request's session last went
+// to (kv-aware's soft session bonus).
+func (r *Router) markSession(route *RouteRequest, cands []Candidate) {
+	if route.SessionKey == "" || r.cfg.Policy != PolicyKVAware {
+		return
+	}
+	w, ok := r.sessions.get(route.SessionKey, r.now())
+	if !ok {
+		return
+	}
+	for i := range cands {
+		cands[i].SessionBound = cands[i].Worker.ID == w
+	}
+}
+
+// decideDirect dispatches to the workers the direct-mode headers name.
+func (r *Router) decideDirect(p *prepared, d *Decision, dryRun bool, pools ...*pool) (*Decision, error) {
+	route := &p.route
+	find := func(id string) (*Worker, error) {
+		for _, pl := range pools {
+			if pl == nil {
+				continue
+			}
+			for _, w := range pl.workers {
+				if w.ID == id {
+					return w, nil
+				}
+			}
+		}
+		return nil, fmt.Errorf("%w: %q does not serve the model `%s`", ErrUnknownWorker, id, route.Model)
+	}
+	w, err := find(route.DirectWorker)
+	if err != nil {
+		return nil, err
+	}
+	d.Source, d.Reason = SourceDirect, "x-worker-instance-id header"
+	d.Target = r.leastLoadedRank(w)
+	d.Candidates = []Candidate{{Worker: w, Rank: d.Target.Rank, Load: r.ledger.Load(d.Target)}}
+	if route.DirectPrefill != "" {
+		pw, err := find(route.DirectPrefill)
+		if err != nil {
+			return nil, err
+		}
+		t := r.leastLoadedRank(pw)
+		d.Prefill = &t
+		d.PrefillCandidates = []Candidate{{Worker: pw, Rank: t.Rank, Load: r.ledger.Load(t)}}
+	}
+	if !dryRun {
+		r.pickMu.Lock()
+		defer r.pickMu.Unlock()
+		r.reserve(d, route)
+	}
+	return d, nil
+}
+
+// leastLoadedRank is w's dp rank with the fewest requests in flight.
+func (r *Router) leastLoadedRank(w *Worker) Target {
+	best := Target{Worker: w.ID}
+	bestLoad := -1
+	for rank := range w.Ranks {
+		t := Target{Worker: w.ID, Rank: rank}
+		if l := r.ledger.Load(t).InFlight; bestLoad < 0 || l < bestLoad {
+			best, bestLoad = t, l
+		}
+	}
+	return best
+}
+
+// pickPrefill chooses another prefill target after a failed prefill leg, and
+// reserves its load.
+func (r *Router) pickPrefill(ctx context.Context, p *prepared, tried map[string]bool) (Target, *Reservation, error) {
+	_, prePool, _ := r.pools(&p.route)
+	if prePool == nil {
+		return Target{}, nil, ErrNoWorkers
+	}
+	var excluded []Exclusion
+	cands, err := r.candidates(prePool, tried, &excluded)
+	if err != nil {
+		return Target{}, nil, err
+	}
+	r.overlaps(ctx, p, cands)
+	r.pickMu.Lock()
+	defer r.pickMu.Unlock()
+	r.refreshLoads(cands)
+	p.route.pool = &poolRef{name: prePool.name, version: prePool.version, targets: prePool.targets}
+	c := cands[r.policy.Pick(&p.route, cands)]
+	uncached := max(p.route.PromptTokens-c.Overlap.Blocks()*p.route.BlockSize, 0)
+	return c.Target(), r.ledger.Reserve(c.Target(), uncached, 0), nil
+}

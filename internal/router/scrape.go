@@ -1,0 +1,112 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// maxMetricsBody bounds what the router reads of an engine's /metrics.
+const maxMetricsBody = 8 << 20
+
+// engineScraper reads vLLM's load gauges from every worker's /metrics
+// (--scrape-engine-metrics). Engines label their series per dp rank with
+// engine="<rank>"; a series without it counts for rank 0. Safe for concurrent use.
+type engineScraper struct {
+	mu    sync.Mutex
+	loads map[Target]EngineLoad // guarded by mu
+}
+
+func (s *engineScraper) get(t Target) EngineLoad {
+	if s == nil {
+		return EngineLoad{}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.loads[t]
+}
+
+// engineLoad is the scraped load of t (zero when scraping is off).
+func (r *Router) engineLoad(t Target) EngineLoad { return r.scraper.get(t) }
+
+// scrapeOnce reads one worker's /metrics into per-rank loads.
+func scrapeOnce(ctx context.Context, hc *http.Client, w *Worker) (map[uint32]EngineLoad, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.URL+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s/metrics: %s", w.URL, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, maxMetricsBody))
+	if err != nil {
+		return nil, fmt.Errorf("GET %s/metrics: %w", w.URL, err)
+	}
+	out := map[uint32]EngineLoad{}
+	for name, set := range map[string]func(*EngineLoad, float64){
+		"vllm:num_requests_waiting": func(l *EngineLoad, v float64) { l.Waiting += int(v) },
+		"vllm:num_requests_running": func(l *EngineLoad, v float64) { l.Running += int(v) },
+		"vllm:kv_cache_usage_perc":  func(l *EngineLoad, v float64) { l.KVUsage = max(l.KVUsage, v) },
+	} {
+		f := families[name]
+		if f == nil {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			rank := uint32(0)
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "engine" {
+					fmt.Sscan(lp.GetValue(), &rank)
+				}
+			}
+			if rank >= w.Ranks {
+				continue
+			}
+			l := out[rank]
+			set(&l, m.GetGauge().GetValue())
+			out[rank] = l
+		}
+	}
+	return out, nil
+}
+
+// run scrapes every worker each interval until ctx ends. A worker that does not
+// answer keeps no engine load (the router's own count then rules).
+func (s *engineScraper) run(ctx context.Context, hc *http.Client, fleet *Fleet, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		next := map[Target]EngineLoad{}
+		for _, w := range fleet.Workers() {
+			ranks, err := scrapeOnce(ctx, hc, w)
+			if err != nil {
+				continue
+			}
+			for r, l := range ranks {
+				next[Target{Worker: w.ID, Rank: r}] = l
+			}
+		}
+		s.mu.Lock()
+		s.loads = next
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

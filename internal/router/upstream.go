@@ -1,0 +1,219 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// hopHeaders are not forwarded (RFC 9110 §7.6.1), nor Host and Content-Length,
+// which the client recomputes.
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length"}
+
+// HeaderDPRank pins a request to a data-parallel rank of a vLLM engine.
+const HeaderDPRank = "X-Data-Parallel-Rank"
+
+// maxErrorBody bounds what the router keeps of an upstream error answer.
+const maxErrorBody = 1 << 20
+
+// failure is an attempt that ended before any byte reached the client, so it may
+// be retried elsewhere.
+type failure struct {
+	worker string
+	reason string // retry reason label: connect, status_5xx, status_429, first_byte_timeout
+	// status, header and body of the upstream's answer, relayed when no retry is left;
+	// status 0 when there was none.
+	status int
+	header http.Header
+	body   []byte
+	err    error
+}
+
+func (f *failure) Error() string { return f.err.Error() }
+
+// outcome is what a failure tells the breaker.
+func (f *failure) outcome() Outcome {
+	if f.status == http.StatusTooManyRequests {
+		return OutcomeNeutral
+	}
+	return OutcomeFailure
+}
+
+// writeTo relays the failure to the client as the final answer.
+func (f *failure) writeTo(w http.ResponseWriter) {
+	if f.status == 0 {
+		if f.reason == "first_byte_timeout" {
+			writeError(w, fmt.Errorf("%w: %v", ErrUpstreamTimeout, f.err))
+		} else {
+			writeError(w, fmt.Errorf("%w: %v", ErrUpstream, f.err))
+		}
+		return
+	}
+	copyHeader(w.Header(), f.header)
+	w.WriteHeader(f.status)
+	w.Write(f.body)
+}
+
+func copyHeader(dst, src http.Header) {
+	for k, vs := range src {
+		dst[k] = append([]string(nil), vs...)
+	}
+	for _, h := range hopHeaders {
+		dst.Del(h)
+	}
+}
+
+// leg is one upstream request.
+type leg struct {
+	target Target
+	worker *Worker
+	path   string
+	body   []byte
+	header http.Header
+	res    *Reservation
+}
+
+// start sends the leg and waits for its response headers and first body bytes,
+// all within --first-byte-timeout. It returns the response with its first chunk
+// (the caller owns resp.Body and must call stop), or a failure. stop ends the
+// attempt's timers and context.
+func (r *Router) start(ctx context.Context, l *leg) (resp *http.Response, first []byte, stop func(), fail *failure) {
+	actx, cancel := context.WithCancelCause(ctx)
+	var timedOut atomic.Bool
+	timer := time.AfterFunc(r.cfg.FirstByteTimeout, func() {
+		timedOut.Store(true)
+		cancel(fmt.Errorf("%w: no response within --first-byte-timeout=%s", ErrUpstreamTimeout, r.cfg.FirstByteTimeout))
+	})
+	stop = func() { timer.Stop(); cancel(nil) }
+	failed := func(reason string, err error) *failure {
+		if timedOut.Load() {
+			reason, err = "first_byte_timeout", context.Cause(actx)
+		}
+		return &failure{reason: reason, err: fmt.Errorf("worker %s: %w", l.target.Worker, err)}
+	}
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, l.worker.URL+l.path, bytes.NewReader(l.body))
+	if err != nil {
+		stop()
+		return nil, nil, nil, failed("connect", err)
+	}
+	copyHeader(req.Header, l.header)
+	req.Header.Set("Content-Type", "application/json")
+	if l.worker.Ranks > 1 {
+		req.Header.Set(HeaderDPRank, strconv.FormatUint(uint64(l.target.Rank), 10))
+	}
+	resp, err = r.hc.Do(req)
+	if err != nil {
+		stop()
+		return nil, nil, nil, failed("connect", err)
+	}
+	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		resp.Body.Close()
+		stop()
+		f := failed("status_5xx", fmt.Errorf("answered %s", resp.Status))
+		if resp.StatusCode == http.StatusTooManyRequests {
+			f.reason = "status_429"
+		}
+		f.status, f.header, f.body = resp.StatusCode, resp.Header, body
+		return nil, nil, nil, f
+	}
+	buf := make([]byte, 32<<10)
+	n, err := readSome(resp.Body, buf)
+	if err != nil && !errors.Is(err, io.EOF) {
+		resp.Body.Close()
+		stop()
+		return nil, nil, nil, failed("connect", fmt.Errorf("response broke before its first byte: %w", err))
+	}
+	timer.Stop()
+	if timedOut.Load() { // the timer fired between the read and Stop
+		resp.Body.Close()
+		stop()
+		return nil, nil, nil, failed("first_byte_timeout", context.Cause(actx))
+	}
+	return resp, buf[:n], stop, nil
+}
+
+// readSome reads until it has at least one byte or an error.
+func readSome(rd io.Reader, buf []byte) (int, error) {
+	for {
+		n, err := rd.Read(buf)
+		if n > 0 || err != nil {
+			if n > 0 && errors.Is(err, io.EOF) {
+				err = nil
+			}
+			return n, err
+		}
+	}
+}
+
+// relay writes the response to the client chunk by chunk, flushing each, with
+// --request-idle-timeout between chunks. It returns nil when the upstream body
+// ended cleanly, the client's context error when the client left, or the
+// upstream failure (which it reports in-band for SSE).
+func (r *Router) relay(client context.Context, w http.ResponseWriter, resp *http.Response, first []byte, cancelAttempt func()) error {
+	defer resp.Body.Close()
+	copyHeader(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	flusher, _ := w.(http.Flusher)
+	write := func(b []byte) error {
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return nil
+	}
+	if err := write(first); err != nil {
+		return fmt.Errorf("writing to the client: %w", err)
+	}
+	var idle atomic.Bool
+	var timer *time.Timer
+	if r.cfg.RequestIdleTimeout > 0 {
+		timer = time.AfterFunc(r.cfg.RequestIdleTimeout, func() { idle.Store(true); cancelAttempt() })
+		defer timer.Stop()
+	}
+	buf := first[:cap(first)]
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if timer != nil {
+				timer.Reset(r.cfg.RequestIdleTimeout)
+			}
+			if werr := write(buf[:n]); werr != nil {
+				return fmt.Errorf("writing to the client: %w", werr)
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			switch {
+			case idle.Load():
+				err = fmt.Errorf("%w: no data for --request-idle-timeout=%s", ErrUpstreamTimeout, r.cfg.RequestIdleTimeout)
+			case client.Err() != nil:
+				return client.Err() // the client left; its context cancelled the upstream
+			}
+			if sse {
+				status, kind := statusOf(fmt.Errorf("%w: %v", ErrUpstream, err))
+				if errors.Is(err, ErrUpstreamTimeout) {
+					status, kind = http.StatusGatewayTimeout, "TimeoutError"
+				}
+				write([]byte("data: " + string(errorJSON(status, kind, err.Error())) + "\n\ndata: [DONE]\n\n"))
+				return err
+			}
+			// A plain body cannot carry an error once started: abort the
+			// connection so the client sees a truncated response, not a short one.
+			panic(http.ErrAbortHandler)
+		}
+	}
+}
