@@ -90,6 +90,9 @@ type Faults struct {
 	// HangBeforeFirstToken delays every completion request this long (wall time)
 	// before it is queued and before any response byte is written.
 	HangBeforeFirstToken time.Duration
+	// AbortAfterTokens > 0 breaks every streamed response's connection after that
+	// many token chunks, as an engine that dies mid-generation does.
+	AbortAfterTokens int
 }
 
 // Config configures one engine (or, with Fleet > 0, a fleet of identical ones).
@@ -282,6 +285,8 @@ func (f Faults) validate() error {
 		return invalid("--fault-fail-status=%d must be 500 or 429", f.FailStatus)
 	case f.HangBeforeFirstToken < 0:
 		return invalid("--fault-hang-before-first-token=%v must not be negative", f.HangBeforeFirstToken)
+	case f.AbortAfterTokens < 0:
+		return invalid("--fault-abort-after-tokens=%d must not be negative", f.AbortAfterTokens)
 	}
 	return nil
 }
@@ -484,6 +489,7 @@ func RegisterFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.Float64Var(&cfg.Faults.FailRate, "fault-fail-rate", cfg.Faults.FailRate, "fraction of completion requests to fail")
 	fs.IntVar(&cfg.Faults.FailStatus, "fault-fail-status", cfg.Faults.FailStatus, "HTTP status of failed requests: 500 or 429")
 	fs.DurationVar(&cfg.Faults.HangBeforeFirstToken, "fault-hang-before-first-token", cfg.Faults.HangBeforeFirstToken, "wall-time delay before any request is queued")
+	fs.IntVar(&cfg.Faults.AbortAfterTokens, "fault-abort-after-tokens", cfg.Faults.AbortAfterTokens, "break every streamed response's connection after this many token chunks; 0 disables")
 	fs.IntVar(&cfg.Fleet, "fleet", cfg.Fleet, "run N engines in this process (see --base-port)")
 	fs.IntVar(&cfg.BasePort, "base-port", cfg.BasePort, "HTTP port of fleet engine 0; engine i listens on base+i and shifts bind event/replay ports by i*data-parallel-size (0 = --port)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")

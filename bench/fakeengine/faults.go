@@ -10,18 +10,19 @@ import (
 // faultsJSON is the body of GET and POST /admin/faults. In a POST every field is
 // optional and only the given ones change, e.g.
 //
-//	{"fail_rate": 0.25, "fail_status": 429, "hang_before_first_token": "2s"}
+//	{"fail_rate": 0.25, "fail_status": 429, "hang_before_first_token": "2s", "abort_after_tokens": 3}
 type faultsJSON struct {
 	DropEveryNBatches    *int     `json:"drop_every_n_batches,omitempty"`
 	FailRate             *float64 `json:"fail_rate,omitempty"`
 	FailStatus           *int     `json:"fail_status,omitempty"`
 	HangBeforeFirstToken *string  `json:"hang_before_first_token,omitempty"`
+	AbortAfterTokens     *int     `json:"abort_after_tokens,omitempty"`
 }
 
 // MarshalJSON renders every field, the hang as a Go duration string.
 func (f Faults) MarshalJSON() ([]byte, error) {
 	hang := f.HangBeforeFirstToken.String()
-	return json.Marshal(faultsJSON{&f.DropEveryNBatches, &f.FailRate, &f.FailStatus, &hang})
+	return json.Marshal(faultsJSON{&f.DropEveryNBatches, &f.FailRate, &f.FailStatus, &hang, &f.AbortAfterTokens})
 }
 
 // UnmarshalJSON sets the fields present in data (the MarshalJSON form).
@@ -59,6 +60,9 @@ func (f Faults) apply(data []byte) (Faults, error) {
 	}
 	if p.FailStatus != nil {
 		f.FailStatus = *p.FailStatus
+	}
+	if p.AbortAfterTokens != nil {
+		f.AbortAfterTokens = *p.AbortAfterTokens
 	}
 	if p.HangBeforeFirstToken != nil {
 		d, err := time.ParseDuration(*p.HangBeforeFirstToken)

@@ -214,7 +214,7 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, req Req
 		id, object = newID("chatcmpl-"), "chat.completion"
 	}
 	if g.stream {
-		e.streamGeneration(w, r.Context(), s, g, id, object+chunkSuffix(g.kind))
+		e.streamGeneration(w, r.Context(), s, g, id, object+chunkSuffix(g.kind), f.AbortAfterTokens)
 		return
 	}
 	var out []uint32
@@ -266,7 +266,8 @@ func setTiming(h http.Header, res Result) {
 // (so errors before it are plain HTTP errors and a hang sends no byte), a chunk per
 // token (the chat role delta with the first), a final chunk with finish_reason, an
 // optional usage chunk, then [DONE]. Timing goes out as trailers.
-func (e *Engine) streamGeneration(w http.ResponseWriter, ctx context.Context, s *Stream, g generation, id, object string) {
+// abortAfter > 0 breaks the connection after that many token chunks (a fault).
+func (e *Engine) streamGeneration(w http.ResponseWriter, ctx context.Context, s *Stream, g generation, id, object string, abortAfter int) {
 	flusher, _ := w.(http.Flusher)
 	created := time.Now().Unix()
 	started := false
@@ -322,6 +323,10 @@ func (e *Engine) streamGeneration(w http.ResponseWriter, ctx context.Context, s 
 		text, _ := e.tok.Decode([]uint32{tok})
 		send(chunk(text, n == 0, nil))
 		n++
+		if n == abortAfter {
+			e.m.faults.WithLabelValues("abort").Inc()
+			panic(http.ErrAbortHandler) // the client sees the connection break mid-stream
+		}
 	}
 	res := s.Result()
 	finish := res.FinishReason

@@ -20,9 +20,14 @@ type CostTerms struct {
 //	     + active_decode_blocks − session_bonus
 //
 // where overlap = gpu + 0.75·cpu + 0.25·disk cached prefix blocks (the larger of
-// the indexer's and the predicted overlay's), active_prefill_blocks are uncached
-// prompt tokens in flight before their first byte (plus, when engine metrics are
-// scraped, num_requests_waiting × prompt_blocks), and
+// the indexer's and the predicted overlay's); active_prefill_blocks are the
+// uncached prompt blocks in flight before their first byte, less those this
+// request shares (plus, when engine metrics are scraped, num_requests_waiting ×
+// prompt_blocks); active_decode_blocks are the candidate's distinct in-flight KV
+// blocks with this request's added (its prompt blocks not already in flight there,
+// its partial tail and expected output). Counting shared blocks once is what lets
+// the siblings of a burst co-locate: on the worker already prefilling their prefix
+// they add only their own tail, elsewhere the whole prompt. And
 //
 //	credit = 0.5 ^ ((active_prefill_blocks − least active_prefill_blocks among candidates) / credit_half_life)
 //
@@ -56,13 +61,15 @@ func (p *kvAware) Pick(req *RouteRequest, cands []Candidate) int {
 func scoreKVAware(cfg *Config, req *RouteRequest, cands []Candidate) {
 	bs := float64(req.BlockSize)
 	prompt := req.PromptBlocks()
+	// This request's own decode blocks: prompt and expected output, rounded up.
+	own := math.Ceil(float64(req.PromptTokens+req.OutputTokens) / bs)
 	minPrefill := math.Inf(1)
 	for i := range cands {
 		c := &cands[i]
 		c.Terms = CostTerms{
 			PromptBlocks:        prompt,
-			ActivePrefillBlocks: float64(c.Load.PrefillTokens)/bs + float64(c.Engine.Waiting)*prompt,
-			ActiveDecodeBlocks:  float64(c.Load.DecodeBlocks),
+			ActivePrefillBlocks: max(float64(c.Load.PrefillTokens)/bs-float64(c.SharedPrefill), 0) + float64(c.Engine.Waiting)*prompt,
+			ActiveDecodeBlocks:  float64(c.Load.DecodeBlocks) + own - float64(c.SharedActive),
 			OverlapWeighted:     c.Overlap.Weighted(),
 			Load:                c.inFlight(),
 		}

@@ -11,14 +11,17 @@ type Target struct {
 	Rank   uint32
 }
 
-// Load is what the router has in flight on a target.
+// Load is what the router has in flight on a target. Prompt blocks are counted
+// once however many in-flight requests share them (the engine's prefix cache
+// stores and computes a shared block once), as Dynamo counts active blocks.
 type Load struct {
 	// InFlight counts requests dispatched and not yet finished.
 	InFlight int
 	// PrefillTokens are uncached prompt tokens of requests whose first response
-	// byte has not arrived yet.
+	// byte has not arrived yet (distinct blocks × block size, plus partial tails).
 	PrefillTokens int
-	// DecodeBlocks are KV blocks (prompt + expected output) of requests in flight.
+	// DecodeBlocks are the KV blocks of requests in flight: distinct prompt
+	// blocks plus each request's partial tail and expected output blocks.
 	DecodeBlocks int
 }
 
@@ -30,18 +33,25 @@ type Ledger struct {
 	ttl time.Duration
 	now func() time.Time
 
-	mu    sync.Mutex
-	loads map[Target]*Load          // guarded by mu; entries are dropped at zero
-	live  map[*Reservation]struct{} // guarded by mu
+	mu      sync.Mutex
+	targets map[Target]*targetLoad    // guarded by mu; dropped when idle
+	live    map[*Reservation]struct{} // guarded by mu
 	// changed is closed and replaced whenever load goes down, waking queued requests.
 	changed chan struct{} // guarded by mu
 
 	onDelta  func(worker string, inflight, prefillTokens, decodeBlocks int) // metrics hook; called under mu
-	onExpire func()                                                         // metrics hook
+	onExpire func()                                                      // metrics hook
+}
+
+// targetLoad is one target's load with the block keys behind it.
+type targetLoad struct {
+	Load
+	active     map[uint64]int32 // prompt block key -> in-flight requests holding it
+	prefilling map[uint64]int32 // prompt block key -> in-flight requests still prefilling it
 }
 
 func newLedger(ttl time.Duration, now func() time.Time) *Ledger {
-	return &Ledger{ttl: ttl, now: now, loads: map[Target]*Load{}, live: map[*Reservation]struct{}{},
+	return &Ledger{ttl: ttl, now: now, targets: map[Target]*targetLoad{}, live: map[*Reservation]struct{}{},
 		changed: make(chan struct{})}
 }
 
@@ -50,42 +60,88 @@ type Reservation struct {
 	l       *Ledger
 	t       Target
 	created time.Time
+	bs      int
 	// What is still held; guarded by l.mu.
-	prefill, decode int
-	held            bool
+	keys        []uint64 // prompt block keys, held in active
+	prefillKeys []uint64 // uncached prompt block keys, held in prefilling until the first byte
+	extraTokens int      // uncached tokens outside full blocks (the partial tail), until the first byte
+	extraBlocks int      // partial tail + expected output blocks
+	held        bool
 }
 
-// Reserve records a leg to t with its uncached prefill tokens and decode blocks.
-func (l *Ledger) Reserve(t Target, prefillTokens, decodeBlocks int) *Reservation {
-	r := &Reservation{l: l, t: t, created: l.now(), prefill: prefillTokens, decode: decodeBlocks, held: true}
+// Demand is what one leg asks of a target.
+type Demand struct {
+	// Keys are the prompt's full-block keys; the first Cached of them are cached on
+	// the target and need no prefill.
+	Keys   []uint64
+	Cached int
+	// BlockSize, PromptTokens and OutputTokens size the partial tail and output.
+	BlockSize, PromptTokens, OutputTokens int
+	// Prefill: the leg prefills here (false for a decode leg fed by a prefill worker).
+	Prefill bool
+}
+
+// Reserve records a leg to t.
+func (l *Ledger) Reserve(t Target, d Demand) *Reservation {
+	bs := max(d.BlockSize, 1)
+	tail := d.PromptTokens - len(d.Keys)*bs
+	r := &Reservation{l: l, t: t, created: l.now(), bs: bs, keys: d.Keys, held: true,
+		extraBlocks: (max(tail, 0) + d.OutputTokens + bs - 1) / bs}
+	if d.Prefill {
+		r.prefillKeys = d.Keys[min(d.Cached, len(d.Keys)):]
+		r.extraTokens = max(tail, 0)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ld := l.loads[t]
-	if ld == nil {
-		ld = &Load{}
-		l.loads[t] = ld
+	tl := l.targets[t]
+	if tl == nil {
+		tl = &targetLoad{active: map[uint64]int32{}, prefilling: map[uint64]int32{}}
+		l.targets[t] = tl
 	}
-	ld.InFlight++
-	ld.PrefillTokens += prefillTokens
-	ld.DecodeBlocks += decodeBlocks
+	before := tl.Load
+	tl.InFlight++
+	for _, k := range r.keys {
+		if tl.active[k]++; tl.active[k] == 1 {
+			tl.DecodeBlocks++
+		}
+	}
+	tl.DecodeBlocks += r.extraBlocks
+	for _, k := range r.prefillKeys {
+		if tl.prefilling[k]++; tl.prefilling[k] == 1 {
+			tl.PrefillTokens += bs
+		}
+	}
+	tl.PrefillTokens += r.extraTokens
 	l.live[r] = struct{}{}
-	l.deltaLocked(t, 1, prefillTokens, decodeBlocks)
+	l.deltaLocked(t, before, tl.Load)
 	return r
 }
 
-// FirstByte releases the reservation's prefill tokens: the engine has finished
+// FirstByte releases the reservation's prefill: the engine has finished
 // prefilling. Later calls do nothing.
 func (r *Reservation) FirstByte() {
 	l := r.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !r.held || r.prefill == 0 {
+	if !r.held {
 		return
 	}
-	l.loads[r.t].PrefillTokens -= r.prefill
-	l.deltaLocked(r.t, 0, -r.prefill, 0)
-	r.prefill = 0
+	tl := l.targets[r.t]
+	before := tl.Load
+	r.dropPrefillLocked(tl)
+	l.deltaLocked(r.t, before, tl.Load)
 	l.wakeLocked()
+}
+
+func (r *Reservation) dropPrefillLocked(tl *targetLoad) {
+	for _, k := range r.prefillKeys {
+		if tl.prefilling[k]--; tl.prefilling[k] == 0 {
+			delete(tl.prefilling, k)
+			tl.PrefillTokens -= r.bs
+		}
+	}
+	tl.PrefillTokens -= r.extraTokens
+	r.prefillKeys, r.extraTokens = nil, 0
 }
 
 // Release returns everything the reservation holds. It is idempotent, so the
@@ -103,21 +159,28 @@ func (l *Ledger) releaseLocked(r *Reservation) {
 	}
 	r.held = false
 	delete(l.live, r)
-	ld := l.loads[r.t]
-	ld.InFlight--
-	ld.PrefillTokens -= r.prefill
-	ld.DecodeBlocks -= r.decode
-	l.deltaLocked(r.t, -1, -r.prefill, -r.decode)
-	r.prefill, r.decode = 0, 0
-	if *ld == (Load{}) {
-		delete(l.loads, r.t)
+	tl := l.targets[r.t]
+	before := tl.Load
+	r.dropPrefillLocked(tl)
+	tl.InFlight--
+	for _, k := range r.keys {
+		if tl.active[k]--; tl.active[k] == 0 {
+			delete(tl.active, k)
+			tl.DecodeBlocks--
+		}
+	}
+	tl.DecodeBlocks -= r.extraBlocks
+	r.keys = nil
+	l.deltaLocked(r.t, before, tl.Load)
+	if tl.InFlight == 0 {
+		delete(l.targets, r.t)
 	}
 	l.wakeLocked()
 }
 
-func (l *Ledger) deltaLocked(t Target, inflight, prefill, decode int) {
+func (l *Ledger) deltaLocked(t Target, before, after Load) {
 	if l.onDelta != nil {
-		l.onDelta(t.Worker, inflight, prefill, decode)
+		l.onDelta(t.Worker, after.InFlight-before.InFlight, after.PrefillTokens-before.PrefillTokens, after.DecodeBlocks-before.DecodeBlocks)
 	}
 }
 
@@ -131,19 +194,40 @@ func (l *Ledger) wakeLocked() {
 func (l *Ledger) Load(t Target) Load {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if ld := l.loads[t]; ld != nil {
-		return *ld
+	if tl := l.targets[t]; tl != nil {
+		return tl.Load
 	}
 	return Load{}
 }
 
-// Loads returns a copy of every target's load.
+// Shared returns how many of keys are in flight on t (active) and how many of
+// those are still being prefilled there: work a request with these keys would
+// share rather than add.
+func (l *Ledger) Shared(t Target, keys []uint64) (active, prefilling int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	tl := l.targets[t]
+	if tl == nil {
+		return 0, 0
+	}
+	for _, k := range keys {
+		if tl.active[k] > 0 {
+			active++
+		}
+		if tl.prefilling[k] > 0 {
+			prefilling++
+		}
+	}
+	return active, prefilling
+}
+
+// Loads returns a copy of every busy target's load.
 func (l *Ledger) Loads() map[Target]Load {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make(map[Target]Load, len(l.loads))
-	for t, ld := range l.loads {
-		out[t] = *ld
+	out := make(map[Target]Load, len(l.targets))
+	for t, tl := range l.targets {
+		out[t] = tl.Load
 	}
 	return out
 }

@@ -116,7 +116,8 @@ func (r *Router) overlaps(ctx context.Context, p *prepared, groups ...[]Candidat
 			case approx[i] > 0:
 				o = Overlap{GPU: approx[i], Source: SourceApproximate}
 			}
-			if predicted[i] > o.Blocks() {
+			// Ties go to the overlay: recent decisions are what the figure rests on.
+			if predicted[i] > 0 && predicted[i] >= o.Blocks() {
 				o = Overlap{GPU: predicted[i], Source: SourcePredicted}
 			}
 			cands[i].Overlap = o

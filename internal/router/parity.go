@@ -97,10 +97,13 @@ func engineTokenize(ctx context.Context, hc *http.Client, w *Worker, body any) (
 }
 
 // probeParity checks every model of the fleet once (on the first of its workers
-// that answers) and sets kvindex_router_token_parity.
-func (r *Router) probeParity(ctx context.Context) {
+// that answers) and sets kvindex_router_token_parity. It returns whether every
+// model got an answer.
+func (r *Router) probeParity(ctx context.Context) bool {
 	done := map[string]bool{}
+	models := map[string]bool{}
 	for _, w := range r.fleet.Workers() {
+		models[w.Model] = true
 		if done[w.Model] {
 			continue
 		}
@@ -117,6 +120,24 @@ func (r *Router) probeParity(ctx context.Context) {
 			r.metrics.tokenParity.WithLabelValues(w.Model).Set(0)
 			r.log.Warn("token parity FAILED: every KV overlap for this model will be 0; give the router the model's tokenizer (--tokenizer model=dir)",
 				"model", w.Model, "worker", w.ID, "detail", res.detail)
+		}
+	}
+	return len(done) == len(models)
+}
+
+// watchParity probes at start and every --parity-interval; while some model's
+// workers do not answer yet (engines still starting), it asks again every
+// --workers-refresh.
+func (r *Router) watchParity(ctx context.Context) {
+	for {
+		wait := r.cfg.ParityInterval
+		if !r.probeParity(ctx) {
+			wait = min(wait, r.cfg.WorkersRefresh)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
 		}
 	}
 }

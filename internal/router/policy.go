@@ -50,6 +50,10 @@ type Candidate struct {
 	Overlap Overlap
 	// SessionBound: the request's session last went to this worker.
 	SessionBound bool
+	// SharedActive and SharedPrefill count the request's prompt blocks already in
+	// flight on the target, and those of them still being prefilled there: work
+	// the request would share rather than add (siblings of a burst).
+	SharedActive, SharedPrefill int
 
 	// Filled by the policy that picks.
 	Cost  float64

@@ -190,7 +190,7 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 
 	r.pickMu.Lock()
 	defer r.pickMu.Unlock()
-	r.refreshLoads(cands)
+	r.refreshLoads(route, cands)
 	route.pool = &poolRef{name: serve.name, version: serve.version, targets: serve.targets}
 	i := r.policy.Pick(route, cands)
 	d.Candidates, d.Target = cands, cands[i].Target()
@@ -201,7 +201,7 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 			d.LocalPrefill = true
 			d.Reason = fmt.Sprintf("decode worker prefills locally: %d uncached tokens < --pd-min-uncached-tokens", uncachedOnDecode)
 		} else {
-			r.refreshLoads(pre)
+			r.refreshLoads(route, pre)
 			route.pool = &poolRef{name: prePool.name, version: prePool.version, targets: prePool.targets}
 			j := r.policy.Pick(route, pre)
 			t := pre[j].Target()
@@ -224,28 +224,30 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 	return d, nil
 }
 
-// refreshLoads re-reads the load of every candidate; called under pickMu so that
-// the pick sees every reservation taken before it.
-func (r *Router) refreshLoads(cands []Candidate) {
+// refreshLoads re-reads the load of every candidate and what the request shares
+// with it; called under pickMu so that the pick sees every reservation taken
+// before it.
+func (r *Router) refreshLoads(route *RouteRequest, cands []Candidate) {
 	for i := range cands {
-		cands[i].Load = r.ledger.Load(cands[i].Target())
+		t := cands[i].Target()
+		cands[i].Load = r.ledger.Load(t)
+		cands[i].SharedActive, cands[i].SharedPrefill = r.ledger.Shared(t, route.Keys)
 	}
 }
 
-// reserve takes the decision's load: the serving target holds the uncached
-// prefill tokens (unless a prefill worker does them) and the decode blocks; the
-// prefill target holds its uncached tokens until its answer.
+// demand is what route asks of a target on which overlap blocks are cached.
+func demand(route *RouteRequest, overlap int, prefill bool, output int) Demand {
+	return Demand{Keys: route.Keys, Cached: overlap, BlockSize: route.BlockSize, PromptTokens: route.PromptTokens,
+		OutputTokens: output, Prefill: prefill}
+}
+
+// reserve takes the decision's load: the serving target holds the request's
+// blocks until the end and its uncached prefill (unless a prefill worker does it)
+// until the first byte; the prefill target holds its prefill until its answer.
 func (r *Router) reserve(d *Decision, route *RouteRequest) {
-	bs := route.BlockSize
-	decodeBlocks := (route.PromptTokens + route.OutputTokens + bs - 1) / bs
-	uncached := func(o Overlap) int { return max(route.PromptTokens-o.Blocks()*bs, 0) }
-	servePrefill := 0
-	if d.Prefill == nil {
-		servePrefill = uncached(d.candidate(d.Target).Overlap)
-	}
-	d.res = r.ledger.Reserve(d.Target, servePrefill, decodeBlocks)
+	d.res = r.ledger.Reserve(d.Target, demand(route, d.candidate(d.Target).Overlap.Blocks(), d.Prefill == nil, route.OutputTokens))
 	if d.Prefill != nil {
-		d.prefillRes = r.ledger.Reserve(*d.Prefill, uncached(d.Overlap), 0)
+		d.prefillRes = r.ledger.Reserve(*d.Prefill, demand(route, d.Overlap.Blocks(), true, 1))
 	}
 	now := r.now()
 	if len(route.Keys) > 0 {
@@ -364,9 +366,8 @@ func (r *Router) pickPrefill(ctx context.Context, p *prepared, tried map[string]
 	r.overlaps(ctx, p, cands)
 	r.pickMu.Lock()
 	defer r.pickMu.Unlock()
-	r.refreshLoads(cands)
+	r.refreshLoads(&p.route, cands)
 	p.route.pool = &poolRef{name: prePool.name, version: prePool.version, targets: prePool.targets}
 	c := cands[r.policy.Pick(&p.route, cands)]
-	uncached := max(p.route.PromptTokens-c.Overlap.Blocks()*p.route.BlockSize, 0)
-	return c.Target(), r.ledger.Reserve(c.Target(), uncached, 0), nil
+	return c.Target(), r.ledger.Reserve(c.Target(), demand(&p.route, c.Overlap.Blocks(), true, 1)), nil
 }

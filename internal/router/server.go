@@ -231,7 +231,18 @@ func (r *Router) Run(ctx context.Context, l net.Listener) error {
 	if r.scraper != nil {
 		goBG(func() { r.scraper.run(bg, r.hc, r.fleet, r.cfg.ScrapeInterval) })
 	}
-	goBG(func() { r.every(bg, r.cfg.ParityInterval, r.probeParity) })
+	goBG(func() { r.watchParity(bg) })
+	if r.client != nil {
+		// Connect to the indexer now, so the first request's query does not pay for
+		// the connection and miss its deadline.
+		goBG(func() {
+			wctx, cancel := context.WithTimeout(bg, 5*time.Second)
+			defer cancel()
+			if _, err := r.client.Stats(wctx); err != nil && bg.Err() == nil {
+				r.log.Warn("indexer not reachable at start; routing on the approximate index until it answers", "indexer", r.cfg.Indexer, "err", err)
+			}
+		})
+	}
 	goBG(func() {
 		r.every(bg, min(r.cfg.ReservationTTL/4, 30*time.Second), func(context.Context) {
 			if n := r.ledger.Sweep(); n > 0 {

@@ -1,0 +1,129 @@
+package router
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func completionBody(prompt string, maxTokens int) string {
+	return fmt.Sprintf(`{"model":%q,"prompt":%s,"max_tokens":%d}`, testModel, quote(prompt), maxTokens)
+}
+
+// A request with a long prefix lands somewhere; a request sharing the prefix goes
+// to the same worker (the engine reports the prefix as cached); with that
+// worker's busy threshold reached, the next one goes elsewhere.
+func TestKVAwareFollowsTheCachedPrefix(t *testing.T) {
+	f := startFleet(t, 3, nil)
+	ix := startIndexer(t, f)
+	cfg := testConfig(t, f)
+	cfg.Indexer = []string{ix.addr}
+	cfg.PredictedTTL = time.Millisecond // decisions must come from the index here
+	cfg.MaxActiveDecodeBlocks = 150     // one long request in flight makes a worker busy
+	rt := startRouter(t, cfg)
+
+	prefix := words("shared-prefix", 300) // ~1000 tokens, ~250 blocks of 4
+	first := rt.servedBy(t, f.ids, func() {
+		if code, _, raw := post(t, rt.url, "/v1/completions", completionBody(prefix+" first question", 4)); code != http.StatusOK {
+			t.Fatalf("first request: %d %s", code, raw)
+		}
+	})
+	ix.caughtUp(t, f)
+	var c completion
+	second := rt.servedBy(t, f.ids, func() {
+		var code int
+		var raw string
+		if code, c, raw = post(t, rt.url, "/v1/completions", completionBody(prefix+" second question", 4)); code != http.StatusOK {
+			t.Fatalf("second request: %d %s", code, raw)
+		}
+	})
+	if second != first {
+		t.Fatalf("a request sharing the prefix went to %s, want %s (which caches it)", second, first)
+	}
+	if cached := c.Usage.PromptTokensDetails.CachedTokens; cached < c.Usage.PromptTokens/2 {
+		t.Fatalf("engine %s reports %d of %d prompt tokens cached; the prefix should be", first, cached, c.Usage.PromptTokens)
+	}
+	if n := rt.metrics.decisions.WithLabelValues(PolicyKVAware, string(SourceIndex)); testutil.ToFloat64(n) < 2 {
+		t.Errorf("decisions from the index = %v, want both", testutil.ToFloat64(n))
+	}
+
+	// Make the cache holder busy: a request that hangs before its first token
+	// keeps its blocks reserved there.
+	if err := f.engines[first].SetFaults(fakeengine.Faults{FailStatus: 500, HangBeforeFirstToken: 3 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		post(t, rt.url, "/v1/completions", completionBody(prefix+" third question", 4))
+	}()
+	waitFor(t, 5*time.Second, "the hanging request to be reserved on "+first, func() bool {
+		return rt.ledger.Load(Target{Worker: first}).InFlight == 1
+	})
+	fourth := rt.servedBy(t, f.ids, func() {
+		if code, _, raw := post(t, rt.url, "/v1/completions", completionBody(prefix+" fourth question", 4)); code != http.StatusOK {
+			t.Fatalf("fourth request: %d %s", code, raw)
+		}
+	})
+	if fourth == first {
+		t.Fatalf("with %s over --max-active-decode-blocks the request still went there", first)
+	}
+	if got := testutil.ToFloat64(rt.metrics.excluded.WithLabelValues(ExcludeBusy)); got < 1 {
+		t.Errorf("busy exclusions = %v, want at least 1", got)
+	}
+	wg.Wait()
+	rt.assertNoLoad(t, f.ids)
+}
+
+// Eight siblings of a cold burst (no engine has the prefix yet, the indexer knows
+// nothing) land on one worker through the predicted overlay; with that worker
+// busy they spread.
+func TestColdBurstCoLocatesThroughThePredictedOverlay(t *testing.T) {
+	for _, busy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("busy=%v", busy), func(t *testing.T) {
+			f := startFleet(t, 4, func(_ int, c *fakeengine.Config) { c.Faults.HangBeforeFirstToken = 500 * time.Millisecond })
+			cfg := testConfig(t, f) // no indexer: overlap can only come from the router's own decisions
+			if busy {
+				cfg.MaxPending = 2
+			}
+			rt := startRouter(t, cfg)
+			prefix := words("burst-prefix", 300)
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for i := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					if code, _, raw := post(t, rt.url, "/v1/completions", completionBody(fmt.Sprintf("%s sibling %d", prefix, i), 2)); code != http.StatusOK {
+						t.Errorf("sibling %d: %d %s", i, code, raw)
+					}
+				}()
+			}
+			close(start)
+			wg.Wait()
+			used := 0
+			for _, id := range f.ids {
+				if rt.servedCount(id) > 0 {
+					used++
+				}
+			}
+			switch {
+			case !busy && used != 1:
+				t.Errorf("the burst went to %d workers, want 1", used)
+			case busy && used < 4:
+				t.Errorf("with --max-pending 2 the burst went to %d workers, want all 4", used)
+			}
+			if got := testutil.ToFloat64(rt.metrics.decisions.WithLabelValues(PolicyKVAware, string(SourcePredicted))); !busy && got < 7 {
+				t.Errorf("decisions from the predicted overlay = %v, want at least 7", got)
+			}
+			rt.assertNoLoad(t, f.ids)
+		})
+	}
+}
