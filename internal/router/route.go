@@ -130,11 +130,9 @@ func (r *Router) candidates(p *pool, tried map[string]bool, excluded *[]Exclusio
 			case !r.breakers.Allows(w.ID):
 				reason = ExcludeBreaker
 				broken = append(broken, c)
-			case r.cfg.MaxPending > 0 && c.Load.InFlight >= r.cfg.MaxPending:
-				reason, busy = ExcludeFull, true
-			case r.cfg.MaxActivePrefillTokens > 0 && c.Load.PrefillTokens >= r.cfg.MaxActivePrefillTokens,
-				r.cfg.MaxActiveDecodeBlocks > 0 && c.Load.DecodeBlocks >= r.cfg.MaxActiveDecodeBlocks:
-				reason, busy = ExcludeBusy, true
+			default:
+				reason = r.busyReason(c.Load)
+				busy = busy || reason != ""
 			}
 			if reason != "" {
 				*excluded = append(*excluded, Exclusion{Target: t, Reason: reason})
@@ -190,7 +188,9 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 
 	r.pickMu.Lock()
 	defer r.pickMu.Unlock()
-	r.refreshLoads(route, cands)
+	if cands, err = r.refreshLoads(route, cands, &d.Excluded); err != nil {
+		return nil, err
+	}
 	route.pool = &poolRef{name: serve.name, version: serve.version, targets: serve.targets}
 	i := r.policy.Pick(route, cands)
 	d.Candidates, d.Target = cands, cands[i].Target()
@@ -201,7 +201,9 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 			d.LocalPrefill = true
 			d.Reason = fmt.Sprintf("decode worker prefills locally: %d uncached tokens < --pd-min-uncached-tokens", uncachedOnDecode)
 		} else {
-			r.refreshLoads(route, pre)
+			if pre, err = r.refreshLoads(route, pre, &d.Excluded); err != nil {
+				return nil, err
+			}
 			route.pool = &poolRef{name: prePool.name, version: prePool.version, targets: prePool.targets}
 			j := r.policy.Pick(route, pre)
 			t := pre[j].Target()
@@ -224,15 +226,40 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 	return d, nil
 }
 
-// refreshLoads re-reads the load of every candidate and what the request shares
-// with it; called under pickMu so that the pick sees every reservation taken
-// before it.
-func (r *Router) refreshLoads(route *RouteRequest, cands []Candidate) {
-	for i := range cands {
-		t := cands[i].Target()
-		cands[i].Load = r.ledger.Load(t)
-		cands[i].SharedActive, cands[i].SharedPrefill = r.ledger.Shared(t, route.Keys)
+// busyReason says why a target with this load takes no more requests now
+// (--max-pending, busy thresholds), or "".
+func (r *Router) busyReason(l Load) string {
+	switch {
+	case r.cfg.MaxPending > 0 && l.InFlight >= r.cfg.MaxPending:
+		return ExcludeFull
+	case r.cfg.MaxActivePrefillTokens > 0 && l.PrefillTokens >= r.cfg.MaxActivePrefillTokens,
+		r.cfg.MaxActiveDecodeBlocks > 0 && l.DecodeBlocks >= r.cfg.MaxActiveDecodeBlocks:
+		return ExcludeBusy
 	}
+	return ""
+}
+
+// refreshLoads re-reads the load of every candidate and what the request shares
+// with it, and drops those that became busy since they were listed; called under
+// pickMu so that the pick sees every reservation taken before it. errBusy when
+// none is left.
+func (r *Router) refreshLoads(route *RouteRequest, cands []Candidate, excluded *[]Exclusion) ([]Candidate, error) {
+	kept := cands[:0]
+	for _, c := range cands {
+		t := c.Target()
+		c.Load = r.ledger.Load(t)
+		if reason := r.busyReason(c.Load); reason != "" {
+			*excluded = append(*excluded, Exclusion{Target: t, Reason: reason})
+			r.metrics.excluded.WithLabelValues(reason).Inc()
+			continue
+		}
+		c.SharedActive, c.SharedPrefill = r.ledger.Shared(t, route.Keys)
+		kept = append(kept, c)
+	}
+	if len(kept) == 0 {
+		return nil, errBusy
+	}
+	return kept, nil
 }
 
 // demand is what route asks of a target on which overlap blocks are cached.
@@ -366,7 +393,9 @@ func (r *Router) pickPrefill(ctx context.Context, p *prepared, tried map[string]
 	r.overlaps(ctx, p, cands)
 	r.pickMu.Lock()
 	defer r.pickMu.Unlock()
-	r.refreshLoads(&p.route, cands)
+	if cands, err = r.refreshLoads(&p.route, cands, &excluded); err != nil {
+		return Target{}, nil, err
+	}
 	p.route.pool = &poolRef{name: prePool.name, version: prePool.version, targets: prePool.targets}
 	c := cands[r.policy.Pick(&p.route, cands)]
 	return c.Target(), r.ledger.Reserve(c.Target(), demand(&p.route, c.Overlap.Blocks(), true, 1)), nil
