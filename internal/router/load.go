@@ -40,7 +40,7 @@ type Ledger struct {
 	changed chan struct{} // guarded by mu
 
 	onDelta  func(worker string, inflight, prefillTokens, decodeBlocks int) // metrics hook; called under mu
-	onExpire func()                                                      // metrics hook
+	onExpire func()                                                         // metrics hook
 }
 
 // targetLoad is one target's load with the block keys behind it.
