@@ -140,6 +140,7 @@ func (rk *rank) step() {
 			rk.end(head, fmt.Errorf("%w: request does not fit in the KV cache", ErrBadRequest))
 		}
 		rk.publishPending()
+		rk.updateGauges() // aborted requests may have left
 		return
 	}
 	d := w.duration(rk.cfg.Timing)

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/kvindex/kvindex/internal/tokenize/tokenizetest"
 )
 
 // The real tokenizer files are fetched by scripts/fetch-tokenizers.sh into
@@ -17,39 +19,8 @@ import (
 // testdata/hf were produced from the same files by Hugging Face's Rust library
 // (testdata/gen/encode.js).
 
-const tokenizersEnv = "KVINDEX_TEST_TOKENIZERS"
-
-// tokenizersDir returns the directory holding qwen3/ and llama3/, failing the test
-// with instructions when the files are missing.
-func tokenizersDir(t testing.TB) string {
-	t.Helper()
-	dir := os.Getenv(tokenizersEnv)
-	if dir == "" {
-		root, err := filepath.Abs(".")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for {
-			if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
-				break
-			}
-			parent := filepath.Dir(root)
-			if parent == root {
-				t.Fatal("no go.mod above the test directory")
-			}
-			root = parent
-		}
-		dir = filepath.Join(root, ".cache", "tokenizers")
-	}
-	for _, model := range []string{"qwen3", "llama3"} {
-		for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
-			if _, err := os.Stat(filepath.Join(dir, model, f)); err != nil {
-				t.Fatalf("real tokenizer file missing: %v\nrun scripts/fetch-tokenizers.sh (make test does) or point %s at a directory with qwen3/ and llama3/", err, tokenizersEnv)
-			}
-		}
-	}
-	return dir
-}
+// tokenizersDir returns the directory holding qwen3/ and llama3/.
+func tokenizersDir(t testing.TB) string { return tokenizetest.Dir(t) }
 
 // variant is one entry of testdata/hf/variants.json: a real file, possibly with some
 // pipeline parts replaced.
