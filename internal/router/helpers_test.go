@@ -81,6 +81,7 @@ func (f *fleet) specs(t *testing.T) []workerspec.Spec {
 
 // indexer is an in-process indexer (a raft cluster of one) following a fleet.
 type indexer struct {
+	cfg  server.Config
 	srv  *server.Server
 	addr string
 	stop func()
@@ -97,14 +98,24 @@ func startIndexer(t *testing.T, f *fleet) *indexer {
 	cfg.Ingest.PollInterval = 10 * time.Millisecond
 	cfg.Ingest.IdleReplayInterval = 50 * time.Millisecond
 	cfg.Tokenizers = tokenize.Specs{{Model: testModel, Dir: server.BuiltinTokenizer}}
-	srv, err := server.New(cfg, nil)
+	ix := &indexer{cfg: cfg}
+	ix.start(t)
+	return ix
+}
+
+// start runs the indexer from ix.cfg; after the first start it keeps the
+// addresses it got, so a restarted indexer is where the router looks for it.
+func (ix *indexer) start(t *testing.T) {
+	t.Helper()
+	srv, err := server.New(ix.cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ix.cfg.HTTPAddr, ix.cfg.GRPCAddr, ix.cfg.Raft.RaftAddr = srv.HTTPAddr(), srv.GRPCAddr(), srv.RaftAddr()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
-	ix := &indexer{srv: srv, addr: srv.GRPCAddr()}
+	ix.srv, ix.addr = srv, srv.GRPCAddr()
 	stopped := false
 	ix.stop = func() {
 		if stopped {
@@ -125,7 +136,6 @@ func startIndexer(t *testing.T, f *fleet) *indexer {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	return ix
 }
 
 // caughtUp waits until the indexer applied every event batch the engines sent.

@@ -1,0 +1,71 @@
+package router
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// With the indexer gone no request fails: decisions come from the router's own
+// approximate index (and the predicted overlay), conversations still find their
+// worker; when the indexer is back, decisions come from it again by themselves.
+func TestIndexerOutageFallsBackAndRecovers(t *testing.T) {
+	f := startFleet(t, 3, nil)
+	ix := startIndexer(t, f)
+	cfg := testConfig(t, f)
+	cfg.Indexer = []string{ix.addr}
+	cfg.IndexerTimeout = 200 * time.Millisecond // generous under -race; the default is 20ms
+	cfg.IndexerRetryAfter = 100 * time.Millisecond
+	cfg.PredictedTTL = time.Millisecond // only the index or the approximate index may speak
+	rt := startRouter(t, cfg)
+	source := func(s Source) float64 { return testutil.ToFloat64(rt.metrics.decisions.WithLabelValues(PolicyKVAware, string(s))) }
+
+	ask := func(prompt string) string {
+		return rt.servedBy(t, f.ids, func() {
+			if code, _, raw := post(t, rt.url, "/v1/completions", completionBody(prompt, 2)); code != http.StatusOK {
+				t.Fatalf("%d %s", code, raw)
+			}
+		})
+	}
+	conv := words("conversation", 200)
+	home := ask(conv + " turn 0")
+	ix.caughtUp(t, f)
+	if got := ask(conv + " turn 1"); got != home {
+		t.Fatalf("with the indexer up, turn 1 went to %s, want %s", got, home)
+	}
+	if source(SourceIndex) < 2 {
+		t.Fatalf("decisions from the index = %v, want 2", source(SourceIndex))
+	}
+
+	ix.stop()
+	before := source(SourceApproximate)
+	for i := 2; i < 6; i++ {
+		if got := ask(fmt.Sprintf("%s turn %d", conv, i)); got != home {
+			t.Errorf("with the indexer down, turn %d went to %s, want %s (approximate index)", i, got, home)
+		}
+	}
+	if got := source(SourceApproximate) - before; got < 3 {
+		t.Errorf("decisions from the approximate index while the indexer was down = %v, want at least 3", got)
+	}
+	if testutil.ToFloat64(rt.metrics.indexerUp) != 0 {
+		t.Error("kvindex_router_indexer_up is 1 with the indexer down")
+	}
+
+	ix.start(t)
+	ix.caughtUp(t, f)
+	indexed := source(SourceIndex)
+	waitFor(t, 30*time.Second, "decisions to come from the index again", func() bool {
+		ask(conv + " turn again")
+		return source(SourceIndex) > indexed
+	})
+	if testutil.ToFloat64(rt.metrics.indexerUp) != 1 {
+		t.Error("kvindex_router_indexer_up is 0 after the indexer came back")
+	}
+	if failed := testutil.ToFloat64(rt.metrics.requests.WithLabelValues(PolicyKVAware, resultUpstreamError, "")); failed != 0 {
+		t.Errorf("%v requests failed", failed)
+	}
+	rt.assertNoLoad(t, f.ids)
+}
