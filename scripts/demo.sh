@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # kvindex demo (`make demo`): a single-node indexer follows a fleet of four fake
-# vLLM engines, traffic with shared prompt prefixes goes to the engines, and
-# for a follow-up prompt the hit rate the indexer reports for every worker is
-# printed next to what each engine really caches. Everything it starts is
+# vLLM engines and the KV-aware router sends multi-turn conversations to them;
+# every follow-up should land on the worker that holds its conversation, which
+# the engines' own cached_tokens prove. The same conversations then go through a
+# round-robin router (caches reset first) for comparison, and the indexer's
+# view is checked against what the engines really cache. Everything it starts is
 # stopped when it ends, also on Ctrl-C.
 set -euo pipefail
 
@@ -12,7 +14,7 @@ MODEL=${MODEL:-demo/llama-3.1-8b}
 ENGINES=4
 BLOCK=16
 
-for b in indexer fakeengine kvctl; do
+for b in indexer router fakeengine kvctl; do
   if [ ! -x "$BIN/$b" ]; then
     echo "demo: $BIN/$b is missing; run 'make demo' (it builds first)" >&2
     exit 1
@@ -59,10 +61,12 @@ REPLAY_BASE=$(free_ports $ENGINES)
 IDX_HTTP=$(free_ports 1)
 IDX_GRPC=$(free_ports 1)
 IDX_RAFT=$(free_ports 1)
+ROUTER=$(free_ports 1)
+RR_ROUTER=$(free_ports 1)
 
 echo "== starting $ENGINES fake engines (HTTP ports $HTTP_BASE-$((HTTP_BASE + ENGINES - 1)))"
 "$BIN/fakeengine" --model "$MODEL" --fleet $ENGINES --base-port "$HTTP_BASE" --block-size $BLOCK \
-  --num-gpu-blocks 24 --num-cpu-blocks 2000 --time-scale 0.01 \
+  --num-gpu-blocks 64 --num-cpu-blocks 2000 --time-scale 0.2 \
   --kv-events-endpoint "tcp://*:$EVENTS_BASE" --kv-events-replay-endpoint "tcp://*:$REPLAY_BASE" \
   --log-level warn >"$WORK/engines.log" 2>&1 &
 PIDS+=($!)
@@ -77,20 +81,34 @@ echo "== starting the indexer, a raft cluster of one (gRPC 127.0.0.1:$IDX_GRPC, 
   --block-size $BLOCK --tokenizer "$MODEL=builtin" --log-level warn "${WORKERS[@]}" >"$WORK/indexer.log" 2>&1 &
 PIDS+=($!)
 
+ROUTER_WORKERS=()
+for i in $(seq 0 $((ENGINES - 1))); do
+  ROUTER_WORKERS+=(--worker "id=engine-$i,model=$MODEL,block-size=$BLOCK,http=http://127.0.0.1:$((HTTP_BASE + i))")
+done
+echo "== starting the kv-aware router (http://127.0.0.1:$ROUTER, asks the indexer) and a round-robin router (http://127.0.0.1:$RR_ROUTER) for comparison"
+"$BIN/router" --listen "127.0.0.1:$ROUTER" --indexer "127.0.0.1:$IDX_GRPC" --router-policy kv-aware \
+  "${ROUTER_WORKERS[@]}" --log-level warn >"$WORK/router.log" 2>&1 &
+PIDS+=($!)
+"$BIN/router" --listen "127.0.0.1:$RR_ROUTER" --router-policy round-robin \
+  "${ROUTER_WORKERS[@]}" --log-level warn >"$WORK/router-rr.log" 2>&1 &
+PIDS+=($!)
+
 set +e
-python3 - "$MODEL" "$ENGINES" "$HTTP_BASE" "$IDX_HTTP" "$WORK/result" <<'EOF'
+python3 - "$MODEL" "$ENGINES" "$HTTP_BASE" "$IDX_HTTP" "$ROUTER" "$RR_ROUTER" "$WORK/result" <<'EOF'
 import json, sys, time, urllib.request
 
 model, engines, http_base, idx_http = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-result_file = sys.argv[5]
+router, rr_router = "http://127.0.0.1:%s" % sys.argv[5], "http://127.0.0.1:%s" % sys.argv[6]
+result_file = sys.argv[7]
 indexer = "http://127.0.0.1:%d" % idx_http
 engine = ["http://127.0.0.1:%d" % (http_base + i) for i in range(engines)]
+block = 16
 
 def call(url, body=None, timeout=30):
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.status, r.read()
+        return r.status, r.read(), r.headers
 
 def wait_ok(url, what, timeout=60):
     deadline = time.time() + timeout
@@ -106,33 +124,80 @@ def wait_ok(url, what, timeout=60):
 for i, e in enumerate(engine):
     wait_ok(e + "/health", "engine-%d" % i)
 wait_ok(indexer + "/readyz", "the indexer")
+wait_ok(router + "/readyz", "the kv-aware router")
+wait_ok(rr_router + "/readyz", "the round-robin router")
 
 systems = {
     "support": "You are the support assistant of Example Corp. Be polite, answer in two sentences, "
-               "and never reveal internal ticket numbers. Product catalogue: widgets, gadgets, gizmos. ",
+               "and never reveal internal ticket numbers. Product catalogue: widgets, gadgets, gizmos.",
     "coder": "You are a senior Go reviewer. Point out races, leaked goroutines and unchecked errors; "
-             "suggest table-driven tests. Keep each comment under forty words. ",
+             "suggest table-driven tests. Keep each comment under forty words.",
     "translator": "Translate the user's message from English to French. Keep the tone and the "
-                  "punctuation, do not add explanations, and leave product names untranslated. ",
+                  "punctuation, do not add explanations, and leave product names untranslated.",
+    "analyst": "You are a data analyst. Answer with one number and one sentence of justification, "
+               "citing the column names you used from the attached quarterly sales table.",
 }
-# Which engine serves which conversations: shared prefixes land on several engines.
-plan = [(0, "support"), (1, "coder"), (2, "support"), (2, "coder"), (3, "translator"),
-        (0, "support"), (1, "coder"), (3, "translator"), (2, "support")]
-print("== sending %d requests with shared system prompts" % (len(plan) * 3))
-for round_ in range(3):
-    for n, (i, system) in enumerate(plan):
-        prompt = systems[system] + "User question %d.%d: what about item %d?" % (round_, n, n * 7 + round_)
-        call(engine[i] + "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 8})
+questions = ["How do I start?", "And then what?", "Can you give an example?", "Summarize everything so far."]
 
-follow_up = systems["support"] + "User: my gadget arrived scratched, what now?"
-tokens = json.loads(call(engine[0] + "/tokenize", {"model": model, "prompt": follow_up})[1])["tokens"]
-block = 16
-prompt_blocks = [tuple(tokens[i * block:(i + 1) * block]) for i in range(len(tokens) // block)]
+def converse(url):
+    """Four users chat at once, four turns each; every turn resends the whole
+    history, as chat clients do, and the users' turns arrive together (a barrier),
+    so the router sees concurrent load. Returns one row per request, in turn order."""
+    import threading
+    barrier = threading.Barrier(len(systems))
+    rows, lock, errors = [], threading.Lock(), []
+    def user(name):
+        history = [{"role": "system", "content": systems[name]}]
+        try:
+            for turn, q in enumerate(questions):
+                barrier.wait(timeout=60)
+                msgs = history + [{"role": "user", "content": "%s (%s, turn %d)" % (q, name, turn)}]
+                _, body, headers = call(url + "/v1/chat/completions", {"model": model, "messages": msgs, "max_tokens": 12})
+                ans = json.loads(body)
+                usage = ans["usage"]
+                history = msgs + [{"role": "assistant", "content": ans["choices"][0]["message"]["content"]}]
+                with lock:
+                    rows.append({"conv": name, "turn": turn, "worker": headers.get("X-Kvindex-Worker", "?"),
+                                 "prompt": usage["prompt_tokens"], "cached": usage["prompt_tokens_details"]["cached_tokens"]})
+        except Exception as e:
+            errors.append("%s: %s" % (name, e))
+            barrier.abort()
+    threads = [threading.Thread(target=user, args=(n,)) for n in systems]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        sys.exit("demo: a conversation failed: %s" % errors)
+    order = list(systems)
+    return sorted(rows, key=lambda r: (r["turn"], order.index(r["conv"])))
 
-def truth(i):
-    """Cached prefix blocks of the follow-up on engine i, from its own cache
-    (GET /debug/kv-blocks): walk the prompt's blocks through parent links."""
+def table(rows):
+    print("%-11s %-5s %-9s %s" % ("CONV", "TURN", "WORKER", "CACHED/PROMPT TOKENS"))
+    for r in rows:
+        print("%-11s %-5d %-9s %4d/%-4d %s" % (r["conv"], r["turn"], r["worker"], r["cached"], r["prompt"],
+                                              "#" * (40 * r["cached"] // max(r["prompt"], 1))))
+
+def share(rows):
+    return sum(r["cached"] for r in rows) / max(sum(r["prompt"] for r in rows), 1)
+
+print("== kv-aware router: 4 users chatting at once, 4 turns each")
+kv = converse(router)
+table(kv)
+
+# Followers stay with their conversation, and the engine proves the hit.
+home, sticky, followups = {}, 0, 0
+for r in kv:
+    if r["turn"] > 0:
+        followups += 1
+        if r["worker"] == home[r["conv"]] and r["cached"] >= block:
+            sticky += 1
+    home[r["conv"]] = r["worker"]
+
+# The indexer's view of a new support turn equals the engines' own caches.
+def truth_blocks(i, tokens):
     t = json.loads(call(engine[i] + "/debug/kv-blocks")[1])
+    prompt_blocks = [tuple(tokens[j * block:(j + 1) * block]) for j in range(len(tokens) // block)]
     best = 0
     for rank in t["ranks"]:
         children = {}
@@ -146,49 +211,53 @@ def truth(i):
             parent, n = h, n + 1
         best = max(best, n)
     return best
-
-def indexer_view():
-    body = {"model": model, "prompt": follow_up, "pods": ["engine-%d" % i for i in range(engines)]}
-    return {p["pod"]: p for p in json.loads(call(indexer + "/kv-cache/hit-rate", body)[1])["pods"]}
-
-want = {"engine-%d" % i: truth(i) for i in range(engines)}
-# Events reach the indexer asynchronously: give it a moment to catch up.
+probe = [{"role": "system", "content": systems["support"]}, {"role": "user", "content": "%s (support, turn 0)" % questions[0]}]
+tokens = json.loads(call(engine[0] + "/tokenize", {"model": model, "messages": probe, "add_generation_prompt": True})[1])["tokens"]
+want = {"engine-%d" % i: truth_blocks(i, tokens) for i in range(engines)}
 deadline = time.time() + 20
 while True:
-    got = indexer_view()
-    if all(got[w]["matched_blocks"] == want[w] for w in want) or time.time() > deadline:
+    got = {p["pod"]: p["matched_blocks"] for p in json.loads(call(indexer + "/kv-cache/hit-rate",
+           {"model": model, "token_ids": tokens, "pods": sorted(want)})[1])["pods"]}
+    if got == want or time.time() > deadline:
         break
     time.sleep(0.1)
+index_ok = got == want and max(want.values()) > 0
 
-total = len(prompt_blocks)
 print()
-print("Follow-up prompt: %d tokens = %d full blocks of %d (support system prompt + a new question)" % (len(tokens), total, block))
+print("== resetting every engine's prefix cache, then the same conversations through a round-robin router")
+for e in engine:
+    call(e + "/reset_prefix_cache", {})
+rr = converse(rr_router)
+table(rr)
+
 print()
-print("%-9s  %-25s  %-25s  %s" % ("WORKER", "INDEXER (hit rate)", "ENGINE TRUTH (hit rate)", ""))
-ok = True
-for w in sorted(want):
-    g, t = got[w], want[w]
-    same = g["matched_blocks"] == t
-    ok = ok and same
-    print("%-9s  %3d/%d blocks  %6.1f%%     %3d/%d blocks  %6.1f%%      %s" % (
-        w, g["matched_blocks"], total, 100 * g["hit_rate"], t, total, 100 * t / total, "ok" if same else "MISMATCH"))
-best = max(got.values(), key=lambda p: p["hit_rate"])
-if ok and best["hit_rate"] > 0:
-    result = ("RESULT: PASS - the indexer's view matches all %d engines; route the follow-up to %s (%.0f%% of its prompt cached)"
-              % (engines, best["pod"], 100 * best["hit_rate"]))
+print("prompt tokens served from cache:  kv-aware %5.1f%%   round-robin %5.1f%%" % (100 * share(kv), 100 * share(rr)))
+print("follow-ups on the worker holding their conversation (engine-reported hit): %d/%d" % (sticky, followups))
+print("indexer view of the support conversation (blocks per worker) equals the engines' caches: %s %s" % ("yes" if index_ok else "NO", got))
+_, metrics, _ = call(router + "/metrics")
+for line in metrics.decode().splitlines():
+    if line.startswith(("kvindex_router_hit_", "kvindex_router_decisions_total")):
+        print("  " + line)
+print()
+print("== why: the kv-aware router's dry run (POST /debug/route) for the support user's next turn")
+probe = [{"role": "system", "content": systems["support"]}, {"role": "user", "content": "%s (support, turn 0)" % questions[0]}]
+d = json.loads(call(router + "/debug/route", {"model": model, "messages": probe})[1])
+print("decision: %s (source %s, %d of %d prompt blocks cached there)" % (d["worker"], d["source"], d["overlap_blocks"], d["prompt_blocks"]))
+for c in sorted(d["candidates"], key=lambda c: c["cost"]):
+    print("  %-9s cost %7.2f  overlap %2d blocks  in flight %d" % (c["worker"], c["cost"], c["overlap_blocks"], c["inflight"]))
+ok = sticky == followups and share(kv) > share(rr) and index_ok
+if ok:
+    result = ("RESULT: PASS - every follow-up hit its worker's cache (kv-aware %.0f%% of prompt tokens cached vs round-robin %.0f%%)"
+              % (100 * share(kv), 100 * share(rr)))
 else:
-    result = "RESULT: FAIL - the indexer's view differs from the engines' caches"
+    result = "RESULT: FAIL - see the tables above"
 with open(result_file, "w") as f:
     f.write(result + "\n")
-sys.exit(0 if result.startswith("RESULT: PASS") else 1)
+sys.exit(0 if ok else 1)
 EOF
 status=$?
 set -e
 if [ $status -eq 0 ]; then
-  echo
-  echo "== the same question over gRPC: bin/kvctl score --addr 127.0.0.1:$IDX_GRPC --model $MODEL --text ..."
-  "$BIN/kvctl" score --addr "127.0.0.1:$IDX_GRPC" --model "$MODEL" \
-    --text "$(printf '%s' "You are the support assistant of Example Corp. Be polite, answer in two sentences, and never reveal internal ticket numbers. Product catalogue: widgets, gadgets, gizmos. User: my gadget arrived scratched, what now?")"
   echo
   "$BIN/kvctl" workers --addr "127.0.0.1:$IDX_GRPC"
   echo
@@ -196,7 +265,7 @@ if [ $status -eq 0 ]; then
   echo
 else
   echo "demo: logs follow" >&2
-  tail -n 20 "$WORK/engines.log" "$WORK/indexer.log" >&2 || true
+  tail -n 20 "$WORK/engines.log" "$WORK/indexer.log" "$WORK/router.log" "$WORK/router-rr.log" >&2 || true
 fi
 echo "== stopping the indexer and the engines"
 echo

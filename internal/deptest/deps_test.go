@@ -28,6 +28,10 @@ var rules = []struct {
 		mustAvoid: []string{"google.golang.org/grpc"}},
 	{pkg: "internal/tokenize", mayImport: nil,
 		mustAvoid: []string{"github.com/hashicorp/raft", "github.com/pebbe/zmq4", "google.golang.org/grpc"}},
+	{pkg: "internal/openai", mayImport: []string{"internal/tokenize"},
+		mustAvoid: []string{"github.com/hashicorp/raft", "github.com/pebbe/zmq4", "google.golang.org/grpc"}},
+	{pkg: "internal/router", mayImport: []string{"api/", "clients/go", "internal/kvblock", "internal/tokenize", "internal/openai", "internal/workerspec", "internal/envflag", "internal/logging"},
+		mustAvoid: []string{"github.com/hashicorp/raft", "github.com/hashicorp/raft-boltdb", "github.com/pebbe/zmq4", "go.etcd.io/bbolt"}},
 	{pkg: "clients/go", mayImport: []string{"api/"},
 		mustAvoid: []string{"github.com/hashicorp/raft", "github.com/hashicorp/raft-boltdb", "github.com/pebbe/zmq4"}},
 }

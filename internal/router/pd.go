@@ -42,12 +42,13 @@ func withKVTransfer(body []byte, kv json.RawMessage) ([]byte, error) {
 
 // prefillLeg runs the prefill leg: on the decision's prefill target, then, while
 // retries remain, on other prefill workers. It returns the kv_transfer_params for
-// the decode leg, or false when every try failed (the decode worker then prefills
-// locally: decode never waits on a dead prefill).
-func (r *Router) prefillLeg(ctx context.Context, p *prepared, d *Decision) (json.RawMessage, bool) {
+// the decode leg and the worker that produced them, or false when every try
+// failed (the decode worker then prefills locally: decode never waits on a dead
+// prefill).
+func (r *Router) prefillLeg(ctx context.Context, p *prepared, d *Decision) (json.RawMessage, string, bool) {
 	body, err := prefillRequest(p.body, p.endpoint)
 	if err != nil {
-		return nil, false
+		return nil, "", false
 	}
 	target, res := *d.Prefill, d.prefillRes
 	tried := map[string]bool{}
@@ -55,19 +56,19 @@ func (r *Router) prefillLeg(ctx context.Context, p *prepared, d *Decision) (json
 		kv, err := r.runPrefill(ctx, p, target, body, res)
 		res.Release()
 		if err == nil {
-			return kv, true
+			return kv, target.Worker, true
 		}
 		if ctx.Err() != nil {
-			return nil, false
+			return nil, "", false
 		}
 		r.log.Debug("prefill leg failed", "worker", target.Worker, "err", err)
 		tried[target.Worker] = true
 		if attempt >= r.cfg.RequestMaxRetries {
-			return nil, false
+			return nil, "", false
 		}
 		r.metrics.retries.WithLabelValues("prefill_failed").Inc()
 		if target, res, err = r.pickPrefill(ctx, p, tried); err != nil {
-			return nil, false
+			return nil, "", false
 		}
 	}
 }

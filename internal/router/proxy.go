@@ -20,6 +20,12 @@ const (
 	resultNoWorker      = "no_worker"
 )
 
+// Response headers naming where a request went (debugging aids, not routing input).
+const (
+	HeaderServedBy  = "X-Kvindex-Worker"
+	HeaderPrefillBy = "X-Kvindex-Prefill-Worker"
+)
+
 // handleGenerate serves /v1/completions, /v1/chat/completions and other /v1/*
 // POSTs: read, prepare, then serve.
 func (r *Router) handleGenerate(ep endpoint) http.HandlerFunc {
@@ -117,9 +123,11 @@ func (r *Router) record(d *Decision, p *prepared, first bool) {
 // only when nothing reached the client, so the request may be retried elsewhere.
 func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, p *prepared, d *Decision, markSent func()) *failure {
 	body := p.body
+	prefilledBy := ""
 	if d.Prefill != nil {
 		markSent()
-		if kv, ok := r.prefillLeg(ctx, p, d); ok {
+		if kv, by, ok := r.prefillLeg(ctx, p, d); ok {
+			prefilledBy = by
 			b, err := withKVTransfer(p.body, kv)
 			if err == nil {
 				body = b
@@ -155,6 +163,10 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, p *prepare
 	}
 	defer stop()
 	d.res.FirstByte()
+	w.Header().Set(HeaderServedBy, worker.ID)
+	if prefilledBy != "" {
+		w.Header().Set(HeaderPrefillBy, prefilledBy)
+	}
 	err := r.relay(ctx, w, resp, first, stop)
 	result, outcome := resultOK, OutcomeSuccess
 	switch {
