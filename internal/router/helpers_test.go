@@ -44,7 +44,7 @@ type fleet struct {
 }
 
 // startFleet starts n engines named w0..w(n-1); mutate may adjust engine i.
-func startFleet(t *testing.T, n int, mutate func(i int, c *fakeengine.Config)) *fleet {
+func startFleet(t testing.TB, n int, mutate func(i int, c *fakeengine.Config)) *fleet {
 	t.Helper()
 	f := &fleet{engines: map[string]*fakeengine.Engine{}}
 	for i := range n {
@@ -60,7 +60,7 @@ func startFleet(t *testing.T, n int, mutate func(i int, c *fakeengine.Config)) *
 }
 
 // specs are the router's --worker values for the fleet.
-func (f *fleet) specs(t *testing.T) []workerspec.Spec {
+func (f *fleet) specs(t testing.TB) []workerspec.Spec {
 	t.Helper()
 	var out []workerspec.Spec
 	for _, id := range f.ids {
@@ -87,7 +87,7 @@ type indexer struct {
 	stop func()
 }
 
-func startIndexer(t *testing.T, f *fleet) *indexer {
+func startIndexer(t testing.TB, f *fleet) *indexer {
 	t.Helper()
 	cfg := server.DefaultConfig()
 	cfg.NodeID = "router-test"
@@ -105,7 +105,7 @@ func startIndexer(t *testing.T, f *fleet) *indexer {
 
 // start runs the indexer from ix.cfg; after the first start it keeps the
 // addresses it got, so a restarted indexer is where the router looks for it.
-func (ix *indexer) start(t *testing.T) {
+func (ix *indexer) start(t testing.TB) {
 	t.Helper()
 	srv, err := server.New(ix.cfg, nil)
 	if err != nil {
@@ -139,7 +139,7 @@ func (ix *indexer) start(t *testing.T) {
 }
 
 // caughtUp waits until the indexer applied every event batch the engines sent.
-func (ix *indexer) caughtUp(t *testing.T, f *fleet) {
+func (ix *indexer) caughtUp(t testing.TB, f *fleet) {
 	t.Helper()
 	for _, id := range f.ids {
 		e := f.engines[id]
@@ -162,7 +162,7 @@ type testRouter struct {
 }
 
 // testConfig is a router configuration over the fleet's workers.
-func testConfig(t *testing.T, f *fleet) Config {
+func testConfig(t testing.TB, f *fleet) Config {
 	cfg := DefaultConfig()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Workers = f.specs(t)
@@ -172,7 +172,7 @@ func testConfig(t *testing.T, f *fleet) Config {
 	return cfg
 }
 
-func startRouter(t *testing.T, cfg Config) *testRouter {
+func startRouter(t testing.TB, cfg Config) *testRouter {
 	t.Helper()
 	r, err := New(cfg, testLogger(t))
 	if err != nil {
@@ -195,7 +195,7 @@ func startRouter(t *testing.T, cfg Config) *testRouter {
 }
 
 // testLogger writes the router's log to stderr when KVINDEX_TEST_LOG is set.
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	if os.Getenv("KVINDEX_TEST_LOG") == "" {
 		return nil
 	}
@@ -222,7 +222,7 @@ type completion struct {
 // post sends body to the router and returns the status, the worker that served
 // it (from the engine's dp-rank trailer we cannot see, so from the router's
 // ledger metrics instead: see served) and the decoded answer.
-func post(t *testing.T, url, path, body string, header ...string) (int, completion, string) {
+func post(t testing.TB, url, path, body string, header ...string) (int, completion, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
 	if err != nil {
@@ -251,7 +251,7 @@ func post(t *testing.T, url, path, body string, header ...string) (int, completi
 }
 
 // sseEvents reads an SSE body into its data payloads.
-func sseEvents(t *testing.T, r io.Reader) []string {
+func sseEvents(t testing.TB, r io.Reader) []string {
 	t.Helper()
 	var out []string
 	sc := bufio.NewScanner(r)
@@ -271,7 +271,7 @@ func (r *testRouter) servedCount(worker string) int {
 }
 
 // servedBy runs fn and returns the worker whose ok count grew by one.
-func (r *testRouter) servedBy(t *testing.T, workers []string, fn func()) string {
+func (r *testRouter) servedBy(t testing.TB, workers []string, fn func()) string {
 	t.Helper()
 	before := map[string]int{}
 	for _, w := range workers {
@@ -294,7 +294,7 @@ func (r *testRouter) servedBy(t *testing.T, workers []string, fn func()) string 
 }
 
 // assertNoLoad checks that the ledger and its gauges are back to zero.
-func (r *testRouter) assertNoLoad(t *testing.T, workers []string) {
+func (r *testRouter) assertNoLoad(t testing.TB, workers []string) {
 	t.Helper()
 	waitFor(t, 10*time.Second, "every reservation to be released", func() bool { return len(r.ledger.Loads()) == 0 })
 	for _, w := range workers {
@@ -311,7 +311,7 @@ func (r *testRouter) assertNoLoad(t *testing.T, workers []string) {
 }
 
 // waitFor polls cond every 10 ms until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {

@@ -25,15 +25,21 @@ const (
 
 // keyFields are the body fields the session and prefix-hash policies read.
 type keyFields struct {
-	SessionID       json.RawMessage    `json:"session_id"`
-	CacheKey        json.RawMessage    `json:"cache_key"`
-	CacheKeyCamel   json.RawMessage    `json:"cacheKey"`
-	Prefix          json.RawMessage    `json:"prefix"`
-	DocumentContext json.RawMessage    `json:"document_context"`
-	DocumentCamel   json.RawMessage    `json:"documentContext"`
-	Context         json.RawMessage    `json:"context"`
-	Documents       []json.RawMessage  `json:"documents"`
-	Messages        []tokenize.Message `json:"messages"`
+	keyExtras
+	Messages []tokenize.Message
+}
+
+// keyExtras are the key fields besides the messages, decoded together with the
+// request itself (one pass over the body).
+type keyExtras struct {
+	SessionID       json.RawMessage   `json:"session_id"`
+	CacheKey        json.RawMessage   `json:"cache_key"`
+	CacheKeyCamel   json.RawMessage   `json:"cacheKey"`
+	Prefix          json.RawMessage   `json:"prefix"`
+	DocumentContext json.RawMessage   `json:"document_context"`
+	DocumentCamel   json.RawMessage   `json:"documentContext"`
+	Context         json.RawMessage   `json:"context"`
+	Documents       []json.RawMessage `json:"documents"`
 }
 
 // keyRules are the validation bounds of explicit keys and canonical segments.

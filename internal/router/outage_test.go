@@ -41,14 +41,20 @@ func TestIndexerOutageFallsBackAndRecovers(t *testing.T) {
 	}
 
 	ix.stop()
-	before := source(SourceApproximate)
+	before := source(SourceApproximate) + source(SourcePredicted)
+	indexedBefore := source(SourceIndex)
 	for i := 2; i < 6; i++ {
 		if got := ask(fmt.Sprintf("%s turn %d", conv, i)); got != home {
 			t.Errorf("with the indexer down, turn %d went to %s, want %s (approximate index)", i, got, home)
 		}
 	}
-	if got := source(SourceApproximate) - before; got < 3 {
-		t.Errorf("decisions from the approximate index while the indexer was down = %v, want at least 3", got)
+	// A decision taken within --router-predicted-ttl of the one before is labelled
+	// predicted; every other one must come from the approximate index.
+	if got := source(SourceApproximate) + source(SourcePredicted) - before; got != 4 {
+		t.Errorf("decisions from the router's own overlays while the indexer was down = %v, want all 4", got)
+	}
+	if source(SourceIndex) != indexedBefore {
+		t.Errorf("decisions from the index grew from %v to %v with the indexer down", indexedBefore, source(SourceIndex))
 	}
 	if testutil.ToFloat64(rt.metrics.indexerUp) != 0 {
 		t.Error("kvindex_router_indexer_up is 1 with the indexer down")

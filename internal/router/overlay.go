@@ -20,21 +20,35 @@ type overlay struct {
 	fifo []fifoEntry       // ring buffer of marks in insertion order; guarded by mu
 	head int               // oldest entry in fifo; guarded by mu
 	n    int               // entries in fifo; guarded by mu
+	// Targets are interned, so marks hold no pointers (nothing for the GC to scan
+	// in a million entries). The table only grows, by the targets ever routed to.
+	ids     map[Target]uint32 // guarded by mu
+	targets []Target          // guarded by mu
 }
 
 type mark struct {
-	t   Target
-	exp int64 // unix nanoseconds
+	t   uint32 // interned target
+	exp int64  // unix nanoseconds
 }
 
 type fifoEntry struct {
 	key uint64
-	t   Target
+	t   uint32
 	exp int64
 }
 
+func (o *overlay) internLocked(t Target) uint32 {
+	id, ok := o.ids[t]
+	if !ok {
+		id = uint32(len(o.targets))
+		o.ids[t] = id
+		o.targets = append(o.targets, t)
+	}
+	return id
+}
+
 func newOverlay(ttl time.Duration, max int) *overlay {
-	return &overlay{ttl: ttl, max: max, m: map[uint64][]mark{}, fifo: make([]fifoEntry, min(max, 1024))}
+	return &overlay{ttl: ttl, max: max, m: map[uint64][]mark{}, fifo: make([]fifoEntry, min(max, 1024)), ids: map[Target]uint32{}}
 }
 
 // Record notes that t was sent the prefix keys, from now for the TTL.
@@ -42,19 +56,20 @@ func (o *overlay) Record(keys []uint64, t Target, now time.Time) {
 	exp := now.Add(o.ttl).UnixNano()
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	id := o.internLocked(t)
 	for _, k := range keys {
 		marks := o.m[k]
 		found := false
 		for i := range marks {
-			if marks[i].t == t {
+			if marks[i].t == id {
 				marks[i].exp, found = exp, true
 				break
 			}
 		}
 		if !found {
-			o.m[k] = append(marks, mark{t: t, exp: exp})
+			o.m[k] = append(marks, mark{t: id, exp: exp})
 		}
-		o.pushLocked(fifoEntry{key: k, t: t, exp: exp})
+		o.pushLocked(fifoEntry{key: k, t: id, exp: exp})
 	}
 }
 
@@ -64,9 +79,8 @@ func (o *overlay) pushLocked(e fifoEntry) {
 	}
 	if o.n == len(o.fifo) { // grow the ring up to max
 		grown := make([]fifoEntry, min(2*len(o.fifo), o.max))
-		for i := range o.n {
-			grown[i] = o.fifo[(o.head+i)%len(o.fifo)]
-		}
+		n := copy(grown, o.fifo[o.head:])
+		copy(grown[n:], o.fifo[:o.head])
 		o.fifo, o.head = grown, 0
 	}
 	o.fifo[(o.head+o.n)%len(o.fifo)] = e
@@ -107,18 +121,25 @@ func (o *overlay) Match(keys []uint64, targets []Target, now time.Time, out []in
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.expireLocked(ns)
+	ids := make([]int64, len(targets)) // interned id per target, -1 when never routed to
+	for i, t := range targets {
+		ids[i] = -1
+		if id, ok := o.ids[t]; ok {
+			ids[i] = int64(id)
+		}
+	}
 	for depth, k := range keys {
 		marks := o.m[k]
 		if len(marks) == 0 {
 			return
 		}
 		advanced := 0
-		for i, t := range targets {
-			if out[i] != depth {
-				continue // dropped out earlier
+		for i, id := range ids {
+			if out[i] != depth || id < 0 {
+				continue // dropped out earlier, or never held anything
 			}
 			for _, m := range marks {
-				if m.t == t && m.exp > ns {
+				if int64(m.t) == id && m.exp > ns {
 					out[i]++
 					advanced++
 					break

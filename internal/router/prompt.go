@@ -55,16 +55,17 @@ func (r *Router) prepare(h http.Header, path string, ep endpoint, body []byte) (
 	p := &prepared{endpoint: ep, path: path, body: body, header: h}
 	var tokens []uint32
 	var fields keyFields
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return nil, fmt.Errorf("%w: invalid JSON body: %v", ErrBadRequest, err)
-	}
 	var model, salt string
 	switch ep {
 	case endpointCompletions:
-		var c openai.CompletionRequest
-		if err := json.Unmarshal(body, &c); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+		var c struct {
+			openai.CompletionRequest
+			keyExtras
 		}
+		if err := json.Unmarshal(body, &c); err != nil {
+			return nil, fmt.Errorf("%w: invalid JSON body: %v", ErrBadRequest, err)
+		}
+		fields.keyExtras = c.keyExtras
 		if err := openai.CheckN(c.N); err != nil {
 			return nil, err
 		}
@@ -79,10 +80,14 @@ func (r *Router) prepare(h http.Header, path string, ep endpoint, body []byte) (
 			return nil, err
 		}
 	case endpointChat:
-		var c openai.ChatRequest
-		if err := json.Unmarshal(body, &c); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+		var c struct {
+			openai.ChatRequest
+			keyExtras
 		}
+		if err := json.Unmarshal(body, &c); err != nil {
+			return nil, fmt.Errorf("%w: invalid JSON body: %v", ErrBadRequest, err)
+		}
+		fields.keyExtras, fields.Messages = c.keyExtras, c.Messages
 		if err := openai.CheckN(c.N); err != nil {
 			return nil, err
 		}
@@ -100,10 +105,12 @@ func (r *Router) prepare(h http.Header, path string, ep endpoint, body []byte) (
 		var c struct {
 			Model  string `json:"model"`
 			Stream bool   `json:"stream"`
+			keyExtras
 		}
 		if err := json.Unmarshal(body, &c); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+			return nil, fmt.Errorf("%w: invalid JSON body: %v", ErrBadRequest, err)
 		}
+		fields.keyExtras = c.keyExtras
 		base, lora, err := r.resolveModel(c.Model)
 		if err != nil {
 			return nil, err

@@ -1,0 +1,110 @@
+package router
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/bench/fakeengine"
+)
+
+// BenchmarkRouterOverhead measures what the router adds to a request: the same
+// completion requests (a shared 2k- or 8k-token prefix, a unique tail) go to one
+// fake engine directly and through a kv-aware router that asks a live in-process
+// indexer, alternating request by request so both see the same machine state.
+// It reports p50/p99 of each path and of their difference, and the router's own
+// arrival-to-upstream time. The engine never sleeps (time scale 0), so what is
+// measured is HTTP, tokenization, hashing, the indexer query and the relay.
+//
+//	go test -run '^$' -bench RouterOverhead -benchtime 2000x ./internal/router
+func BenchmarkRouterOverhead(b *testing.B) {
+	for _, tokens := range []int{2048, 8192} {
+		b.Run(fmt.Sprintf("prompt=%d", tokens), func(b *testing.B) {
+			f := startFleet(b, 1, func(_ int, c *fakeengine.Config) {
+				c.BlockSize = 16
+				c.NumGPUBlocks = 20000
+				c.MaxModelLen = 16384
+			})
+			ix := startIndexer(b, f)
+			cfg := testConfig(b, f)
+			cfg.Indexer = []string{ix.addr}
+			cfg.BlockSize = 16
+			cfg.LogLevel = "error"
+			rt := startRouter(b, cfg)
+			engineURL := f.engines["w0"].URL()
+			// The builtin tokenizer is byte-level: one token per byte (plus BOS).
+			prefix := bytes.Repeat([]byte("a"), tokens-64)
+			body := func(i int) []byte {
+				return []byte(fmt.Sprintf(`{"model":%q,"prompt":"%s unique tail %08d ...........................................","max_tokens":1}`, testModel, prefix, i))
+			}
+			send := func(url string, i int) time.Duration {
+				start := time.Now()
+				resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(body(i)))
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b.Fatalf("status %d", resp.StatusCode)
+				}
+				return time.Since(start)
+			}
+			for i := range 50 { // warm connections, caches and the index
+				send(engineURL, -i-1)
+				send(rt.url, -i-1)
+			}
+			direct := make([]time.Duration, 0, b.N)
+			routed := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := range b.N {
+				direct = append(direct, send(engineURL, i))
+				routed = append(routed, send(rt.url, i))
+			}
+			b.StopTimer()
+			pd50, pd99 := pct(direct, 50), pct(direct, 99)
+			pr50, pr99 := pct(routed, 50), pct(routed, 99)
+			b.ReportMetric(us(pd50), "direct_p50_us")
+			b.ReportMetric(us(pd99), "direct_p99_us")
+			b.ReportMetric(us(pr50), "routed_p50_us")
+			b.ReportMetric(us(pr99), "routed_p99_us")
+			b.ReportMetric(us(pr50-pd50), "added_p50_us")
+			b.ReportMetric(us(pr99-pd99), "added_p99_us")
+			b.ReportMetric(0, "ns/op")
+			// Throughput: 8 clients for a fixed count of requests each, direct then routed.
+			for _, mode := range []struct {
+				name string
+				url  string
+			}{{"direct", engineURL}, {"routed", rt.url}} {
+				const clients, each = 8, 100
+				start := time.Now()
+				var wg sync.WaitGroup
+				for c := range clients {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := range each {
+							send(mode.url, 1_000_000+c*each+i)
+						}
+					}()
+				}
+				wg.Wait()
+				b.ReportMetric(float64(clients*each)/time.Since(start).Seconds(), mode.name+"_req/s")
+			}
+		})
+	}
+}
+
+func pct(d []time.Duration, p int) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, len(s)*p/100)]
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
