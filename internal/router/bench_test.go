@@ -107,4 +107,3 @@ func pct(d []time.Duration, p int) time.Duration {
 }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-

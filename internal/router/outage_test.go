@@ -21,7 +21,9 @@ func TestIndexerOutageFallsBackAndRecovers(t *testing.T) {
 	cfg.IndexerRetryAfter = 100 * time.Millisecond
 	cfg.PredictedTTL = time.Millisecond // only the index or the approximate index may speak
 	rt := startRouter(t, cfg)
-	source := func(s Source) float64 { return testutil.ToFloat64(rt.metrics.decisions.WithLabelValues(PolicyKVAware, string(s))) }
+	source := func(s Source) float64 {
+		return testutil.ToFloat64(rt.metrics.decisions.WithLabelValues(PolicyKVAware, string(s)))
+	}
 
 	ask := func(prompt string) string {
 		return rt.servedBy(t, f.ids, func() {
