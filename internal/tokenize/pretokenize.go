@@ -3,6 +3,7 @@ package tokenize
 import (
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -55,10 +56,20 @@ func newSplitter(pattern string) (splitter, error) {
 	case patternDeepSeekMain:
 		return deepSeekSplitter{}, nil
 	}
+	return newRegexSplitter(pattern, regexMatchTimeout)
+}
+
+// regexMatchTimeout bounds one regexp2 match. regexp2 backtracks, so a
+// tokenizer.json pattern with nested quantifiers can take exponential time on
+// a crafted prompt; the prompt comes from any client of the indexer.
+const regexMatchTimeout = time.Second
+
+func newRegexSplitter(pattern string, timeout time.Duration) (splitter, error) {
 	re, err := regexp2.Compile(pattern, regexp2.None)
 	if err != nil {
 		return nil, fmt.Errorf("%w: split pattern %q does not compile: %v", ErrNotSupported, pattern, err)
 	}
+	re.MatchTimeout = timeout
 	return regexSplitter{re: re}, nil
 }
 
@@ -443,7 +454,9 @@ func (p regexSplitter) appendPieces(dst []span, s string, base int) []span {
 		}
 		m, err = p.re.FindNextMatch(m)
 	}
-	// err is only a match timeout, and none is configured.
+	// err is only a match timeout (regexMatchTimeout): the rest of s stays one
+	// piece, so such a prompt is cut into other tokens than Hugging Face would
+	// cut it, rather than holding a CPU for as long as the backtracking takes.
 	if gap < len(s) {
 		dst = append(dst, span{base + gap, base + len(s)})
 	}
