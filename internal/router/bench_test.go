@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -107,3 +108,55 @@ func pct(d []time.Duration, p int) time.Duration {
 }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// BenchmarkPrepareAndDecide is the router's own work per request without the
+// HTTP hops: read the body, tokenize (built-in tokenizer), hash, ask the live
+// indexer (gRPC on loopback), score and reserve. Reservations are released at
+// once so the load stays flat.
+//
+//	go test -run '^$' -bench PrepareAndDecide -benchmem ./internal/router
+func BenchmarkPrepareAndDecide(b *testing.B) {
+	for _, tokens := range []int{2048, 8192} {
+		b.Run(fmt.Sprintf("prompt=%d", tokens), func(b *testing.B) {
+			f := startFleet(b, 4, func(_ int, c *fakeengine.Config) {
+				c.BlockSize = 16
+				c.NumGPUBlocks = 20000
+				c.MaxModelLen = 16384
+			})
+			ix := startIndexer(b, f)
+			cfg := testConfig(b, f)
+			cfg.Indexer = []string{ix.addr}
+			cfg.IndexerTimeout = time.Second // measure the query, never the fallback
+			cfg.BlockSize = 16
+			cfg.LogLevel = "error"
+			rt := startRouter(b, cfg)
+			prefix := bytes.Repeat([]byte("a"), tokens-64)
+			// Cache the prefix on one engine so the indexer has a real answer to give.
+			if code, _, raw := post(b, rt.url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"%s warm","max_tokens":1}`, testModel, prefix)); code != http.StatusOK {
+				b.Fatalf("%d %s", code, raw)
+			}
+			ix.caughtUp(b, f)
+			bodies := make([][]byte, 64)
+			for i := range bodies {
+				bodies[i] = []byte(fmt.Sprintf(`{"model":%q,"prompt":"%s unique tail %08d","max_tokens":1}`, testModel, prefix, i))
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				p, err := rt.prepare(http.Header{}, "/v1/completions", endpointCompletions, bodies[i%len(bodies)])
+				if err != nil {
+					b.Fatal(err)
+				}
+				d, err := rt.decide(ctx, p, nil, false)
+				if err != nil {
+					b.Fatal(err)
+				}
+				d.release()
+				if !p.indexOK {
+					b.Fatal("the indexer did not answer")
+				}
+			}
+		})
+	}
+}

@@ -94,7 +94,8 @@ type Config struct {
 	SessionWeight float64
 	PredictedTTL  time.Duration
 	ApproxTTL     time.Duration
-	// OverlayMaxBlocks bounds each overlay (predicted, approximate) in entries.
+	// OverlayMaxBlocks bounds the store of recent decisions (the predicted overlay
+	// and the approximate index) in entries.
 	OverlayMaxBlocks int
 	// SessionTTL bounds how long a session remembers its worker.
 	SessionTTL time.Duration
@@ -338,7 +339,7 @@ func registerFlags(fs *flag.FlagSet, c *Config) {
 	fs.Float64Var(&c.SessionWeight, "session-weight", c.SessionWeight, "kv-aware: cost bonus (fraction of the prompt's blocks) for the worker a session last went to; a soft preference, never a pin")
 	fs.DurationVar(&c.PredictedTTL, "router-predicted-ttl", c.PredictedTTL, "how long a decision counts as predicted overlap for its worker (co-locates a burst before the engine's events arrive)")
 	fs.DurationVar(&c.ApproxTTL, "approx-ttl", c.ApproxTTL, "how long a decision counts in the approximate index used while the indexer is down")
-	fs.IntVar(&c.OverlayMaxBlocks, "overlay-max-blocks", c.OverlayMaxBlocks, "bound on the entries of each overlay (predicted, approximate); the oldest go first")
+	fs.IntVar(&c.OverlayMaxBlocks, "overlay-max-blocks", c.OverlayMaxBlocks, "bound on the entries of the store of recent decisions (predicted overlay and approximate index); the oldest go first")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "how long a session remembers the worker it went to")
 	fs.IntVar(&c.RingVNodes, "ring-vnodes", c.RingVNodes, "virtual nodes per worker rank on the consistent-hash ring (session, prefix-hash)")
 	fs.IntVar(&c.ExplicitKeyMaxLength, "explicit-key-max-length", c.ExplicitKeyMaxLength, "longest accepted X-Cache-Key / cache_key / session id; longer keys are ignored")

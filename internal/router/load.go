@@ -33,8 +33,11 @@ type Ledger struct {
 	ttl time.Duration
 	now func() time.Time
 
-	mu      sync.Mutex
-	targets map[Target]*targetLoad    // guarded by mu; dropped when idle
+	mu sync.Mutex
+	// targets keeps idle targets too: their key maps keep their capacity, so a
+	// steady stream of requests does not regrow them (one entry per target ever
+	// routed to).
+	targets map[Target]*targetLoad // guarded by mu
 	live    map[*Reservation]struct{} // guarded by mu
 	// changed is closed and replaced whenever load goes down, waking queued requests.
 	changed chan struct{} // guarded by mu
@@ -172,9 +175,6 @@ func (l *Ledger) releaseLocked(r *Reservation) {
 	tl.DecodeBlocks -= r.extraBlocks
 	r.keys = nil
 	l.deltaLocked(r.t, before, tl.Load)
-	if tl.InFlight == 0 {
-		delete(l.targets, r.t)
-	}
 	l.wakeLocked()
 }
 
@@ -227,7 +227,9 @@ func (l *Ledger) Loads() map[Target]Load {
 	defer l.mu.Unlock()
 	out := make(map[Target]Load, len(l.targets))
 	for t, tl := range l.targets {
-		out[t] = tl.Load
+		if tl.Load != (Load{}) {
+			out[t] = tl.Load
+		}
 	}
 	return out
 }

@@ -98,12 +98,11 @@ func (r *Router) overlaps(ctx context.Context, p *prepared, groups ...[]Candidat
 			targets[i] = cands[i].Target()
 		}
 		predicted := make([]int, len(cands))
-		r.predicted.Match(req.Keys, targets, now, predicted)
 		var approx []int
 		if !p.indexOK {
 			approx = make([]int, len(cands))
-			r.approx.Match(req.Keys, targets, now, approx)
 		}
+		r.recent.Match(req.Keys, targets, now, predicted, approx)
 		for i := range cands {
 			o := Overlap{Source: SourceLoadOnly}
 			switch {

@@ -5,15 +5,15 @@ import (
 	"time"
 )
 
-// overlay remembers, for a while, which targets were sent which prompt blocks:
-// the predicted overlay (seconds: the engine has not published the blocks yet) and
-// the approximate index (minutes: used while the indexer is down) are two of them.
-// Keys are chained block keys mixed with the namespace, so a key stands for its
-// whole prefix. It holds at most max marks; the oldest go first. Safe for
-// concurrent use.
+// overlay remembers which targets were recently sent which prompt blocks, with
+// two horizons read from one store: the predicted overlay (short: the engine has
+// not published the blocks yet) and the approximate index (long: used while the
+// indexer is down). Keys are chained block keys mixed with the namespace, so a
+// key stands for its whole prefix. It holds at most max marks; the oldest go
+// first. Safe for concurrent use.
 type overlay struct {
-	ttl time.Duration
-	max int
+	short, long time.Duration
+	max         int
 
 	mu   sync.Mutex
 	m    map[uint64][]mark // guarded by mu
@@ -27,14 +27,20 @@ type overlay struct {
 }
 
 type mark struct {
-	t   uint32 // interned target
-	exp int64  // unix nanoseconds
+	t     uint32 // interned target
+	short int64  // end of the short horizon, unix nanoseconds
+	long  int64  // end of the long horizon
 }
 
 type fifoEntry struct {
-	key uint64
-	t   uint32
-	exp int64
+	key  uint64
+	t    uint32
+	long int64
+}
+
+func newOverlay(short, long time.Duration, maxMarks int) *overlay {
+	return &overlay{short: short, long: max(long, short), max: maxMarks, m: map[uint64][]mark{},
+		fifo: make([]fifoEntry, min(maxMarks, 1024)), ids: map[Target]uint32{}}
 }
 
 func (o *overlay) internLocked(t Target) uint32 {
@@ -47,13 +53,9 @@ func (o *overlay) internLocked(t Target) uint32 {
 	return id
 }
 
-func newOverlay(ttl time.Duration, max int) *overlay {
-	return &overlay{ttl: ttl, max: max, m: map[uint64][]mark{}, fifo: make([]fifoEntry, min(max, 1024)), ids: map[Target]uint32{}}
-}
-
-// Record notes that t was sent the prefix keys, from now for the TTL.
+// Record notes that t was sent the prefix keys now.
 func (o *overlay) Record(keys []uint64, t Target, now time.Time) {
-	exp := now.Add(o.ttl).UnixNano()
+	short, long := now.Add(o.short).UnixNano(), now.Add(o.long).UnixNano()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	id := o.internLocked(t)
@@ -62,14 +64,14 @@ func (o *overlay) Record(keys []uint64, t Target, now time.Time) {
 		found := false
 		for i := range marks {
 			if marks[i].t == id {
-				marks[i].exp, found = exp, true
+				marks[i].short, marks[i].long, found = short, long, true
 				break
 			}
 		}
 		if !found {
-			o.m[k] = append(marks, mark{t: id, exp: exp})
+			o.m[k] = append(marks, mark{t: id, short: short, long: long})
 		}
-		o.pushLocked(fifoEntry{key: k, t: id, exp: exp})
+		o.pushLocked(fifoEntry{key: k, t: id, long: long})
 	}
 }
 
@@ -94,7 +96,7 @@ func (o *overlay) dropOldestLocked() {
 	o.n--
 	marks := o.m[e.key]
 	for i := range marks {
-		if marks[i].t == e.t && marks[i].exp == e.exp {
+		if marks[i].t == e.t && marks[i].long == e.long {
 			marks[i] = marks[len(marks)-1]
 			marks = marks[:len(marks)-1]
 			break
@@ -107,16 +109,18 @@ func (o *overlay) dropOldestLocked() {
 	}
 }
 
-// expireLocked drops entries whose time is up, oldest first.
+// expireLocked drops entries whose long horizon is over, oldest first.
 func (o *overlay) expireLocked(now int64) {
-	for o.n > 0 && o.fifo[o.head].exp <= now {
+	for o.n > 0 && o.fifo[o.head].long <= now {
 		o.dropOldestLocked()
 	}
 }
 
-// Match sets out[i] to how many leading keys targets[i] holds (unexpired).
-func (o *overlay) Match(keys []uint64, targets []Target, now time.Time, out []int) {
-	clear(out)
+// Match sets short[i] and long[i] to how many leading keys targets[i] holds
+// within the short and the long horizon (long may be nil when not wanted).
+func (o *overlay) Match(keys []uint64, targets []Target, now time.Time, short, long []int) {
+	clear(short)
+	clear(long)
 	ns := now.UnixNano()
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -133,20 +137,31 @@ func (o *overlay) Match(keys []uint64, targets []Target, now time.Time, out []in
 		if len(marks) == 0 {
 			return
 		}
-		advanced := 0
+		advanced := false
 		for i, id := range ids {
-			if out[i] != depth || id < 0 {
-				continue // dropped out earlier, or never held anything
+			if id < 0 {
+				continue
+			}
+			inShort, inLong := short[i] == depth, long != nil && long[i] == depth
+			if !inShort && !inLong {
+				continue // dropped out of both earlier
 			}
 			for _, m := range marks {
-				if int64(m.t) == id && m.exp > ns {
-					out[i]++
-					advanced++
-					break
+				if int64(m.t) != id {
+					continue
 				}
+				if inShort && m.short > ns {
+					short[i]++
+					advanced = true
+				}
+				if inLong && m.long > ns {
+					long[i]++
+					advanced = true
+				}
+				break
 			}
 		}
-		if advanced == 0 {
+		if !advanced {
 			return
 		}
 	}

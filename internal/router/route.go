@@ -278,11 +278,9 @@ func (r *Router) reserve(d *Decision, route *RouteRequest) {
 	}
 	now := r.now()
 	if len(route.Keys) > 0 {
-		r.predicted.Record(route.Keys, d.Target, now)
-		r.approx.Record(route.Keys, d.Target, now)
+		r.recent.Record(route.Keys, d.Target, now)
 		if d.Prefill != nil {
-			r.predicted.Record(route.Keys, *d.Prefill, now)
-			r.approx.Record(route.Keys, *d.Prefill, now)
+			r.recent.Record(route.Keys, *d.Prefill, now)
 		}
 	}
 	if route.SessionKey != "" {

@@ -42,8 +42,7 @@ type Router struct {
 	tcache     *tokenize.Cache
 	index      *indexSource // nil without --indexer
 	client     *kvindex.Client
-	predicted  *overlay
-	approx     *overlay
+	recent     *overlay // the predicted overlay and the approximate index
 	sessions   *sessionMap
 	policy     Policy
 	keyRules   keyRules
@@ -93,8 +92,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		tokenizers: tokenizers,
 		builtin:    tokenize.NewBuiltin(),
 		tcache:     tcache,
-		predicted:  newOverlay(cfg.PredictedTTL, cfg.OverlayMaxBlocks),
-		approx:     newOverlay(cfg.ApproxTTL, cfg.OverlayMaxBlocks),
+		recent:     newOverlay(cfg.PredictedTTL, cfg.ApproxTTL, cfg.OverlayMaxBlocks),
 		sessions:   newSessionMap(cfg.SessionTTL, cfg.OverlayMaxBlocks),
 		keyRules:   keyRules{explicitMax: cfg.ExplicitKeyMaxLength, systemMax: cfg.SystemSegmentMaxLength, documentMax: cfg.DocumentSegmentMaxLength},
 		metrics:    newMetrics(reg),
