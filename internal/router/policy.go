@@ -92,6 +92,13 @@ type RouteRequest struct {
 	pool *poolRef
 }
 
+// SetPool names the pool a pick draws from and lists all its targets, eligible or
+// not: ring policies hash over the whole pool so that an excluded target's keys
+// come back to it. version must change whenever the targets do.
+func (r *RouteRequest) SetPool(name string, version uint64, targets []Target) {
+	r.pool = &poolRef{name: name, version: version, targets: func() []Target { return targets }}
+}
+
 // PromptBlocks is the prompt's length in blocks (fractional: a partial last block
 // still has to be prefilled).
 func (r *RouteRequest) PromptBlocks() float64 {

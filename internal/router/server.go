@@ -97,7 +97,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		keyRules:   keyRules{explicitMax: cfg.ExplicitKeyMaxLength, systemMax: cfg.SystemSegmentMaxLength, documentMax: cfg.DocumentSegmentMaxLength},
 		metrics:    newMetrics(reg),
 	}
-	r.policy = r.newPolicy()
+	r.policy = NewPolicy(cfg)
 	if cfg.ScrapeEngineMetrics {
 		r.scraper = &engineScraper{loads: map[Target]EngineLoad{}}
 	}
@@ -123,8 +123,11 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	return r, nil
 }
 
-func (r *Router) newPolicy() Policy {
-	switch r.cfg.Policy {
+// NewPolicy returns the policy cfg.Policy names, configured by cfg (kv-aware's
+// cost knobs, the ring's virtual nodes). The route bench drives policies through
+// it with the same code the router runs.
+func NewPolicy(cfg Config) Policy {
+	switch cfg.Policy {
 	case PolicyRoundRobin:
 		return &roundRobin{}
 	case PolicyRandom:
@@ -134,11 +137,11 @@ func (r *Router) newPolicy() Policy {
 	case PolicyLeastLoaded:
 		return leastLoaded{}
 	case PolicySession:
-		return &ringPolicy{name: PolicySession, rings: newRingCache(r.cfg.RingVNodes), key: func(q *RouteRequest) string { return q.SessionKey }}
+		return &ringPolicy{name: PolicySession, rings: newRingCache(cfg.RingVNodes), key: func(q *RouteRequest) string { return q.SessionKey }}
 	case PolicyPrefixHash:
-		return &ringPolicy{name: PolicyPrefixHash, rings: newRingCache(r.cfg.RingVNodes), key: func(q *RouteRequest) string { return q.PrefixKey }}
+		return &ringPolicy{name: PolicyPrefixHash, rings: newRingCache(cfg.RingVNodes), key: func(q *RouteRequest) string { return q.PrefixKey }}
 	}
-	return &kvAware{cfg: r.cfg}
+	return &kvAware{cfg: cfg}
 }
 
 // wireMetrics connects the ledger, breakers and queue to their gauges.
