@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -126,4 +128,49 @@ func callWithoutToken(t *testing.T, cc *grpc.ClientConn, method string, stream b
 	}
 	s.CloseSend()
 	return status.Code(s.RecvMsg(&emptypb.Empty{}))
+}
+
+// TestListenersBeyondLoopbackWithoutTLSAreWarnedAbout: a node whose gRPC
+// listener is not loopback and has no TLS logs a loud warning naming it at
+// start; its loopback listeners are not named.
+func TestListenersBeyondLoopbackWithoutTLSAreWarnedAbout(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.GRPCAddr, cfg.GRPCAdvertise, cfg.AdminToken = "0.0.0.0:0", "127.0.0.1:7070", adminToken
+	logs := &lockedBuffer{}
+	srv, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := srv.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "level=WARN msg=\"INSECURE") || !strings.Contains(out, "flag=--grpc-addr") {
+		t.Errorf("no INSECURE warning naming --grpc-addr in:\n%s", out)
+	}
+	for _, quiet := range []string{"flag=--http-addr", "flag=--raft-addr"} {
+		if strings.Contains(out, quiet) {
+			t.Errorf("a loopback listener is warned about (%s):\n%s", quiet, out)
+		}
+	}
+}
+
+// lockedBuffer is a log destination safe for concurrent writers.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -3,6 +3,8 @@ package server
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -142,6 +144,50 @@ func TestLimitsRefuseClearlyAndServeOthers(t *testing.T) {
 		_, err := kvindexv1.NewIndexServiceClient(cc).Stats(wctx, &kvindexv1.StatsRequest{})
 		if status.Code(err) != codes.DeadlineExceeded {
 			t.Errorf("a call over --grpc-max-concurrent-streams on one connection = %v, want it held until its deadline", err)
+		}
+		healthy(t)
+	})
+
+	t.Run("keepalive pings", func(t *testing.T) {
+		// A raw HTTP/2 client: grpc-go's own will not ping more often than
+		// every 10 s. Pings faster than the policy allows end the connection
+		// with GOAWAY ENHANCE_YOUR_CALM "too_many_pings".
+		conn, err := net.Dial("tcp", f.srv.GRPCAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		frame := func(typ byte, payload []byte) []byte {
+			h := []byte{byte(len(payload) >> 16), byte(len(payload) >> 8), byte(len(payload)), typ, 0, 0, 0, 0, 0}
+			return append(h, payload...)
+		}
+		out := []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+		out = append(out, frame(0x4, nil)...) // SETTINGS
+		for i := range 10 {
+			out = append(out, frame(0x6, []byte{0, 0, 0, 0, 0, 0, 0, byte(i)})...) // PING
+		}
+		if _, err := conn.Write(out); err != nil {
+			t.Fatal(err)
+		}
+		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		r := bufio.NewReader(conn)
+		for {
+			h := make([]byte, 9)
+			if _, err := io.ReadFull(r, h); err != nil {
+				t.Fatalf("the connection ended without a GOAWAY: %v", err)
+			}
+			payload := make([]byte, int(h[0])<<16|int(h[1])<<8|int(h[2]))
+			if _, err := io.ReadFull(r, payload); err != nil {
+				t.Fatal(err)
+			}
+			if h[3] != 0x7 { // not GOAWAY
+				continue
+			}
+			code, debug := binary.BigEndian.Uint32(payload[4:8]), string(payload[8:])
+			if code != 0xb || debug != "too_many_pings" {
+				t.Errorf("GOAWAY code %#x %q, want ENHANCE_YOUR_CALM (0xb) too_many_pings", code, debug)
+			}
+			break
 		}
 		healthy(t)
 	})
