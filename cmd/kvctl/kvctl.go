@@ -33,7 +33,7 @@ const synopsis = `usage: kvctl <command> [flags]
 Commands:
   score       how much of a prompt each worker caches (--model M and --text "..." or --tokens 1,2,3)
   workers     registered workers, their streams and cached blocks
-  cluster     raft members, leader and progress
+  cluster     raft members, leader, progress and index digests
   stats       index size and counters
   dump        every cached block (STORED changes), parents first
   register    add a worker (--id, --model, --endpoint, ...; needs --admin-token when the indexer has one)
@@ -319,10 +319,15 @@ func clusterCmd(*flag.FlagSet) func(context.Context, *kvindex.Client, *printer) 
 			if m.IsLeader {
 				leader = "*"
 			}
+			// The digest's first 16 hex digits, enough to tell replicas apart.
+			digest := ""
+			if m.IndexDigest != "" {
+				digest = fmt.Sprintf("%.16s@%d", m.IndexDigest, m.DigestAppliedIndex)
+			}
 			rows = append(rows, []string{m.Id + leader, m.RaftAddr, m.GrpcAddr,
-				strings.ToLower(strings.TrimPrefix(m.Suffrage.String(), "SUFFRAGE_")), u(m.AppliedIndex)})
+				strings.ToLower(strings.TrimPrefix(m.Suffrage.String(), "SUFFRAGE_")), u(m.AppliedIndex), digest})
 		}
-		return out.table("MEMBER\tRAFT\tGRPC\tSUFFRAGE\tAPPLIED", rows)
+		return out.table("MEMBER\tRAFT\tGRPC\tSUFFRAGE\tAPPLIED\tDIGEST@APPLIED", rows)
 	}
 }
 

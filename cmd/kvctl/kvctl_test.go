@@ -109,7 +109,7 @@ func TestCommands(t *testing.T) {
 			stdout: []string{"x  ", "y  "}},
 		{name: "workers", args: []string{"workers"}, code: 0, stdout: []string{"ID", "eng", model, "live", "aggregated", "0:"}},
 		{name: "workers json", args: []string{"workers", "--output", "json"}, code: 0, stdout: []string{`"id": "eng"`, `"gpu_blocks": "6"`}},
-		{name: "cluster", args: []string{"cluster"}, code: 0, stdout: []string{"leader kvctl-node", "kvctl-node*", "voter"}},
+		{name: "cluster", args: []string{"cluster"}, code: 0, stdout: []string{"leader kvctl-node", "kvctl-node*", "voter", "DIGEST@APPLIED"}},
 		{name: "stats", args: []string{"stats"}, code: 0, stdout: []string{"nodes", "stored_attached"}},
 		{name: "dump", args: []string{"dump", "--workers", "eng"}, code: 0, stdout: []string{"6 blocks held", "eng", "gpu", model}},
 		{name: "dump json", args: []string{"dump", "-o", "json"}, code: 0, stdout: []string{`"kind": "CHANGE_KIND_STORED"`, `"applied_index"`}},
