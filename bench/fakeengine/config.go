@@ -93,6 +93,9 @@ type Faults struct {
 	// AbortAfterTokens > 0 breaks every streamed response's connection after that
 	// many token chunks, as an engine that dies mid-generation does.
 	AbortAfterTokens int
+	// StallAfterTokens > 0 stops every streamed response after that many token
+	// chunks without closing it, until the client goes away (a hung engine).
+	StallAfterTokens int
 }
 
 // Config configures one engine (or, with Fleet > 0, a fleet of identical ones).
@@ -287,6 +290,8 @@ func (f Faults) validate() error {
 		return invalid("--fault-hang-before-first-token=%v must not be negative", f.HangBeforeFirstToken)
 	case f.AbortAfterTokens < 0:
 		return invalid("--fault-abort-after-tokens=%d must not be negative", f.AbortAfterTokens)
+	case f.StallAfterTokens < 0:
+		return invalid("--fault-stall-after-tokens=%d must not be negative", f.StallAfterTokens)
 	}
 	return nil
 }
@@ -490,6 +495,7 @@ func RegisterFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.IntVar(&cfg.Faults.FailStatus, "fault-fail-status", cfg.Faults.FailStatus, "HTTP status of failed requests: 500 or 429")
 	fs.DurationVar(&cfg.Faults.HangBeforeFirstToken, "fault-hang-before-first-token", cfg.Faults.HangBeforeFirstToken, "wall-time delay before any request is queued")
 	fs.IntVar(&cfg.Faults.AbortAfterTokens, "fault-abort-after-tokens", cfg.Faults.AbortAfterTokens, "break every streamed response's connection after this many token chunks; 0 disables")
+	fs.IntVar(&cfg.Faults.StallAfterTokens, "fault-stall-after-tokens", cfg.Faults.StallAfterTokens, "stop every streamed response after this many token chunks, open, until the client leaves; 0 disables")
 	fs.IntVar(&cfg.Fleet, "fleet", cfg.Fleet, "run N engines in this process (see --base-port)")
 	fs.IntVar(&cfg.BasePort, "base-port", cfg.BasePort, "HTTP port of fleet engine 0; engine i listens on base+i and shifts bind event/replay ports by i*data-parallel-size (0 = --port)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")

@@ -27,7 +27,8 @@
 // compare an index against it.
 //
 // Fault injection (Faults, POST /admin/faults, POST /admin/restart-event-stream):
-// withheld batches, failed (500/429) and hanging requests, and simulated restarts.
+// withheld batches, failed (500/429) and hanging requests, streams broken or
+// stalled after N tokens, and simulated restarts.
 // Fleet runs several engines in one process; Config.FleetMembers documents the
 // port layout.
 //

@@ -17,12 +17,13 @@ type faultsJSON struct {
 	FailStatus           *int     `json:"fail_status,omitempty"`
 	HangBeforeFirstToken *string  `json:"hang_before_first_token,omitempty"`
 	AbortAfterTokens     *int     `json:"abort_after_tokens,omitempty"`
+	StallAfterTokens     *int     `json:"stall_after_tokens,omitempty"`
 }
 
 // MarshalJSON renders every field, the hang as a Go duration string.
 func (f Faults) MarshalJSON() ([]byte, error) {
 	hang := f.HangBeforeFirstToken.String()
-	return json.Marshal(faultsJSON{&f.DropEveryNBatches, &f.FailRate, &f.FailStatus, &hang, &f.AbortAfterTokens})
+	return json.Marshal(faultsJSON{&f.DropEveryNBatches, &f.FailRate, &f.FailStatus, &hang, &f.AbortAfterTokens, &f.StallAfterTokens})
 }
 
 // UnmarshalJSON sets the fields present in data (the MarshalJSON form).
@@ -63,6 +64,9 @@ func (f Faults) apply(data []byte) (Faults, error) {
 	}
 	if p.AbortAfterTokens != nil {
 		f.AbortAfterTokens = *p.AbortAfterTokens
+	}
+	if p.StallAfterTokens != nil {
+		f.StallAfterTokens = *p.StallAfterTokens
 	}
 	if p.HangBeforeFirstToken != nil {
 		d, err := time.ParseDuration(*p.HangBeforeFirstToken)

@@ -214,7 +214,7 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, req Req
 		id, object = newID("chatcmpl-"), "chat.completion"
 	}
 	if g.stream {
-		e.streamGeneration(w, r.Context(), s, g, id, object+chunkSuffix(g.kind), f.AbortAfterTokens)
+		e.streamGeneration(w, r.Context(), s, g, id, object+chunkSuffix(g.kind), f)
 		return
 	}
 	var out []uint32
@@ -266,8 +266,8 @@ func setTiming(h http.Header, res Result) {
 // (so errors before it are plain HTTP errors and a hang sends no byte), a chunk per
 // token (the chat role delta with the first), a final chunk with finish_reason, an
 // optional usage chunk, then [DONE]. Timing goes out as trailers.
-// abortAfter > 0 breaks the connection after that many token chunks (a fault).
-func (e *Engine) streamGeneration(w http.ResponseWriter, ctx context.Context, s *Stream, g generation, id, object string, abortAfter int) {
+// f's AbortAfterTokens and StallAfterTokens break or stall the stream (faults).
+func (e *Engine) streamGeneration(w http.ResponseWriter, ctx context.Context, s *Stream, g generation, id, object string, f Faults) {
 	flusher, _ := w.(http.Flusher)
 	created := time.Now().Unix()
 	started := false
@@ -323,9 +323,14 @@ func (e *Engine) streamGeneration(w http.ResponseWriter, ctx context.Context, s 
 		text, _ := e.tok.Decode([]uint32{tok})
 		send(chunk(text, n == 0, nil))
 		n++
-		if n == abortAfter {
+		if n == f.AbortAfterTokens {
 			e.m.faults.WithLabelValues("abort").Inc()
 			panic(http.ErrAbortHandler) // the client sees the connection break mid-stream
+		}
+		if n == f.StallAfterTokens {
+			e.m.faults.WithLabelValues("stall").Inc()
+			<-ctx.Done() // hung until the client leaves; the deferred Close aborts the request
+			return
 		}
 	}
 	res := s.Result()

@@ -178,3 +178,27 @@ func TestFailover(t *testing.T) {
 		rt.assertNoLoad(t, f.ids)
 	})
 }
+
+// A stream that stalls after it started is ended by --request-idle-timeout with
+// an SSE error event (504) and cancelled upstream.
+func TestStalledStreamEndsWithIdleTimeout(t *testing.T) {
+	f := startFleet(t, 1, func(_ int, c *fakeengine.Config) { c.Faults.StallAfterTokens = 2 })
+	cfg := testConfig(t, f)
+	cfg.RequestIdleTimeout = 300 * time.Millisecond
+	rt := startRouter(t, cfg)
+	resp, err := http.Post(rt.url+"/v1/completions", "application/json", strings.NewReader(streamBody(words("stall", 30), 20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := sseEvents(t, resp.Body)
+	resp.Body.Close()
+	if len(events) != 4 || events[3] != "[DONE]" {
+		t.Fatalf("events = %q, want 2 token chunks, an error event and [DONE]", events)
+	}
+	var e errorBody
+	if err := json.Unmarshal([]byte(events[2]), &e); err != nil || e.Error.Code != http.StatusGatewayTimeout {
+		t.Fatalf("event %q is not an OpenAI error with code 504: %v", events[2], err)
+	}
+	waitFor(t, 10*time.Second, "the engine to drop the stalled request", func() bool { return engineRunning(t, f.engines["w0"]) == 0 })
+	rt.assertNoLoad(t, f.ids)
+}
