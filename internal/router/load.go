@@ -37,7 +37,7 @@ type Ledger struct {
 	// targets keeps idle targets too: their key maps keep their capacity, so a
 	// steady stream of requests does not regrow them (one entry per target ever
 	// routed to).
-	targets map[Target]*targetLoad // guarded by mu
+	targets map[Target]*targetLoad    // guarded by mu
 	live    map[*Reservation]struct{} // guarded by mu
 	// changed is closed and replaced whenever load goes down, waking queued requests.
 	changed chan struct{} // guarded by mu
