@@ -13,7 +13,7 @@ func costCandidate(id string, prefillTokens, decodeBlocks, overlap int) Candidat
 
 // The dynamo cost, term by term, on hand-computed cases.
 func TestKVAwareCostFormula(t *testing.T) {
-	cfg := DefaultConfig() // prefill scale 1, half-life 64 blocks, session weight 0.25
+	cfg := DefaultConfig()                                                     // prefill scale 1, half-life 64 blocks, session weight 0.25
 	req := &RouteRequest{PromptTokens: 1600, OutputTokens: 160, BlockSize: 16} // 100 prompt blocks, 110 own blocks
 	for _, c := range []struct {
 		name string
