@@ -22,6 +22,9 @@
 // Engine block hashes are opaque: xxh3 with a per-engine seed over the parent hash,
 // the tokens and the extra keys — deliberately not kvindex's block keys.
 //
+// SimRank (sim.go) runs one rank's cache and scheduler on a caller-driven virtual
+// clock, with no goroutine or socket, for offline simulation (bench/routebench).
+//
 // Engine.CacheTruth (and GET /debug/kv-blocks) exposes what each rank really
 // caches, with the seq of the last batch that state is consistent with, so tests can
 // compare an index against it.

@@ -19,12 +19,14 @@ const outputText = "the quick brown fox jumps over the lazy dog while a patient 
 // reads or changes the cache under mu sees it between steps, consistent with the
 // events enqueued so far.
 type rank struct {
-	idx    uint32
-	label  string
-	cfg    *Config
-	log    *slog.Logger
-	m      *metrics
-	pub    *publisher // nil when events are disabled
+	idx   uint32
+	label string
+	cfg   *Config
+	log   *slog.Logger
+	m     *metrics
+	pub   *publisher // nil when events are disabled
+	// sink, when set (SimRank), receives each step's events instead of pub.
+	sink   func(seq int64, events []Event)
 	hasher blockHasher
 	addr   string // the engine's HTTP host:port, named in kv_transfer_params
 	stop   <-chan struct{}
@@ -464,7 +466,15 @@ func (rk *rank) end(r *request, err error) {
 // publishPending hands the events of this step to the publisher as one batch.
 func (rk *rank) publishPending() {
 	ev := rk.cache.takeEvents()
-	if len(ev) == 0 || rk.pub == nil {
+	if len(ev) == 0 {
+		return
+	}
+	if rk.sink != nil { // a SimRank: the caller takes the batch
+		rk.lastSeq++
+		rk.sink(rk.lastSeq, ev)
+		return
+	}
+	if rk.pub == nil {
 		return
 	}
 	rk.lastSeq++
