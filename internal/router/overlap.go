@@ -104,22 +104,11 @@ func (r *Router) overlaps(ctx context.Context, p *prepared, groups ...[]Candidat
 		}
 		r.recent.Match(req.Keys, targets, now, predicted, approx)
 		for i := range cands {
-			o := Overlap{Source: SourceLoadOnly}
-			switch {
-			case p.indexOK:
-				if ix, ok := p.indexed[targets[i]]; ok {
-					o = ix
-				} else {
-					o.Source = SourceIndex
-				}
-			case approx[i] > 0:
-				o = Overlap{GPU: approx[i], Source: SourceApproximate}
+			a := 0
+			if approx != nil {
+				a = approx[i]
 			}
-			// Ties go to the overlay: recent decisions are what the figure rests on.
-			if predicted[i] > 0 && predicted[i] >= o.Blocks() {
-				o = Overlap{GPU: predicted[i], Source: SourcePredicted}
-			}
-			cands[i].Overlap = o
+			cands[i].Overlap = ChooseOverlap(p.indexed[targets[i]], p.indexOK, predicted[i], a)
 		}
 	}
 }
