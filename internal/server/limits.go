@@ -1,11 +1,16 @@
 package server
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/kvindex/kvindex/internal/workerspec"
+)
 
 // MaxNameBytes bounds a model name, a LoRA name, a cache salt and a worker id
-// in requests. Each is kept (namespace names, the registry) or hashed per
-// request, so an unbounded one is memory or CPU a client could take.
-const MaxNameBytes = 256
+// in requests (workerspec's bound, which every worker entry point, discovery
+// included, checks). Each is kept (namespace names, the registry) or hashed
+// per request, so an unbounded one is memory or CPU a client could take.
+const MaxNameBytes = workerspec.MaxNameBytes
 
 // checkNames fails with ErrTooLarge naming the first field longer than
 // MaxNameBytes; fields are (name, value) pairs.

@@ -78,8 +78,12 @@ func (w Spec) Validate() error {
 		return invalidWorker(w.ID, "id must not contain whitespace or control characters")
 	}
 	switch {
+	case len(w.ID) > MaxNameBytes:
+		return invalidWorker(w.ID[:32]+"...", "id is %d bytes, more than %d", len(w.ID), MaxNameBytes)
 	case w.Model == "":
 		return invalidWorker(w.ID, "model must not be empty")
+	case len(w.Model) > MaxNameBytes:
+		return invalidWorker(w.ID, "model is %d bytes, more than %d", len(w.Model), MaxNameBytes)
 	case w.BlockSize < 0 || w.BlockSize > MaxBlockSize:
 		return invalidWorker(w.ID, "block-size=%d must be between 1 and %d (0: from the events)", w.BlockSize, MaxBlockSize)
 	case w.DPSize < 0 || w.DPSize > MaxDPSize:
@@ -105,6 +109,10 @@ func (w Spec) Validate() error {
 const (
 	MaxBlockSize = 1 << 16
 	MaxDPSize    = 1024
+	// MaxNameBytes bounds a worker id and a model name (and, in queries, LoRA
+	// names and cache salts): each is kept per worker on every replica, and
+	// discovery takes them from whatever a publisher sends.
+	MaxNameBytes = 256
 )
 
 // Ranks is the number of data-parallel ranks (DPSize, at least 1).

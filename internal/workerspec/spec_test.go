@@ -36,6 +36,8 @@ func TestParseWorkerFlag(t *testing.T) {
 		{in: "id=w1,model=M,endpoint=tcp://h:65535,dp-size=2", err: "dp rank 1"},
 		{in: "id=w1,model=M,replay=tcp://:5558", err: "empty host"},
 		{in: "id=w1,model", err: "not key=value"},
+		{in: "id=" + strings.Repeat("w", MaxNameBytes+1) + ",model=M", err: "id is 257 bytes"},
+		{in: "id=w1,model=" + strings.Repeat("m", MaxNameBytes+1), err: "model is 257 bytes"},
 	} {
 		got, err := Parse(c.in)
 		if c.err != "" {
