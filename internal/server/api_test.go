@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -492,7 +493,14 @@ func TestWorkersStatsClusterDump(t *testing.T) {
 	if stats.Nodes != uint64(ixStats.Nodes) || stats.Residencies == 0 || stats.Namespaces != 2 || stats.Counters["stored_attached"] == 0 {
 		t.Errorf("Stats = %v", stats)
 	}
-	// The traffic has stopped: the digest is the index's, at the applied index.
+	// The traffic has stopped: the digest is the index's, at the applied index
+	// (once the last digest, of at most a second ago, is replaced).
+	for deadline := time.Now().Add(10 * time.Second); stats.DigestAppliedIndex != f.srv.backend.AppliedIndex() && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		if stats, err = f.index.Stats(ctx, &kvindexv1.StatsRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if d := f.srv.Index().Digest(); stats.IndexDigest != hex.EncodeToString(d[:]) || stats.DigestAppliedIndex != f.srv.backend.AppliedIndex() {
 		t.Errorf("Stats digest %q at %d, want %x at %d", stats.IndexDigest, stats.DigestAppliedIndex, d, f.srv.backend.AppliedIndex())
 	}

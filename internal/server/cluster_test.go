@@ -366,10 +366,28 @@ func checkReplicas(t *testing.T, c *testCluster, engines map[string]*fakeengine.
 	c.caughtUp(live, lastSeqs(t, engines), 60*time.Second)
 	// Every member's digest as GET /cluster reports it: at one applied index,
 	// one digest, the one of the index itself.
-	code, body := httpDo(t, "GET", "http://"+live[0].srv.HTTPAddr()+"/cluster", nil)
+	// A member digests at most once a second: ask until every one has
+	// digested the applied index they all are at.
+	applied := live[0].srv.backend.AppliedIndex()
 	var cl clusterJSON
-	if err := json.Unmarshal(body, &cl); code != http.StatusOK || err != nil {
-		t.Fatalf("GET /cluster = %d %s (%v)", code, body, err)
+	var body []byte
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var code int
+		code, body = httpDo(t, "GET", "http://"+live[0].srv.HTTPAddr()+"/cluster", nil)
+		cl = clusterJSON{}
+		if err := json.Unmarshal(body, &cl); code != http.StatusOK || err != nil {
+			t.Fatalf("GET /cluster = %d %s (%v)", code, body, err)
+		}
+		current := 0
+		for _, m := range cl.Members {
+			if m.DigestAppliedIndex == applied {
+				current++
+			}
+		}
+		if current >= len(live) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	want := live[0].srv.Index().Digest()
 	reported := 0
@@ -378,8 +396,8 @@ func checkReplicas(t *testing.T, c *testCluster, engines map[string]*fakeengine.
 			continue
 		}
 		reported++
-		if m.IndexDigest != hex.EncodeToString(want[:]) || m.DigestAppliedIndex != cl.DigestAppliedIndex {
-			t.Errorf("/cluster: member %s digest %q at applied index %d, want %x at %d (%s's)", m.ID, m.IndexDigest, m.DigestAppliedIndex, want, cl.DigestAppliedIndex, live[0].id)
+		if m.IndexDigest != hex.EncodeToString(want[:]) || m.DigestAppliedIndex != applied {
+			t.Errorf("/cluster: member %s digest %q at applied index %d, want %x at %d (%s's)", m.ID, m.IndexDigest, m.DigestAppliedIndex, want, applied, live[0].id)
 		}
 	}
 	if reported != len(live) {

@@ -121,7 +121,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 		return nil, err
 	}
 	s.backend.node = s.node
-	s.backend.digests = digests{copyIndex: s.node.IndexCopy, applied: s.node.AppliedIndex}
+	s.backend.digests = digests{copyIndex: s.node.IndexCopy, applied: s.node.AppliedIndex, interval: minDigestInterval}
 	s.backend.index.Store(s.node.Index())
 	s.api, err = NewAPI(s.backend, APIConfig{
 		DefaultBlockSize: cfg.Ingest.DefaultBlockSize, MaxPromptTokens: cfg.MaxPromptTokens,
