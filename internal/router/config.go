@@ -59,6 +59,8 @@ const (
 // Validate checks a filled one.
 type Config struct {
 	Listen string
+	// EPP is the endpoint-picker (Envoy ext_proc) server, epp.go.
+	EPP EPPConfig
 
 	// Indexer lists the indexer cluster's gRPC addresses; empty runs the router on
 	// its own approximate index.
@@ -141,6 +143,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Listen:                   "127.0.0.1:8000",
+		EPP:                      DefaultEPPConfig(),
 		IndexerTimeout:           20 * time.Millisecond,
 		IndexerRetryAfter:        time.Second,
 		WorkersRefresh:           5 * time.Second,
@@ -265,6 +268,9 @@ func (c *Config) Validate() error {
 	case c.MaxBodyBytes < 1024:
 		return invalid("--max-body-bytes=%d must be at least 1024", c.MaxBodyBytes)
 	}
+	if err := c.EPP.Validate(); err != nil {
+		return err
+	}
 	if _, err := logging.ParseLevel(c.LogLevel); err != nil {
 		return invalid("%v", err)
 	}
@@ -366,6 +372,7 @@ func registerFlags(fs *flag.FlagSet, c *Config) {
 	fs.DurationVar(&c.ParityInterval, "parity-interval", c.ParityInterval, "period of the token-parity probe against each model's workers' /tokenize")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug|info|warn|error (debug logs every RouteDecision)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text|json")
+	registerEPPFlags(fs, &c.EPP)
 }
 
 // ParseFlags reads the configuration from args and the environment (flags >

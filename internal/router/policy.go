@@ -90,6 +90,9 @@ type RouteRequest struct {
 
 	// pool is the pool being picked from (ring policies hash over all of it).
 	pool *poolRef
+	// allow, when set, limits the workers the request may go to (the EPP's
+	// subset hint).
+	allow func(*Worker) bool
 }
 
 // SetPool names the pool a pick draws from and lists all its targets, eligible or

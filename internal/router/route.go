@@ -86,7 +86,7 @@ func (r *Router) pools(route *RouteRequest) (agg, prefill, decode *pool) {
 	v := r.fleet.View()
 	var both, pre, dec []*Worker
 	for _, w := range v.workers {
-		if w.Model != route.BaseModel {
+		if w.Model != route.BaseModel || route.allow != nil && !route.allow(w) {
 			continue
 		}
 		if _, ok := w.Serves(route.Model); !ok {

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,6 +49,8 @@ type Router struct {
 	keyRules   keyRules
 	scraper    *engineScraper // nil without --scrape-engine-metrics
 	metrics    *metrics
+
+	eppAddr atomic.Value // string: the EPP's bound address, once listening
 
 	// pickMu makes load snapshot, pick and reservation one step, so that
 	// concurrent decisions see each other's load.
@@ -252,6 +255,18 @@ func (r *Router) Run(ctx context.Context, l net.Listener) error {
 		})
 	})
 
+	if r.cfg.EPP.Addr != "" {
+		el, err := net.Listen("tcp", r.cfg.EPP.Addr)
+		if err != nil {
+			return fmt.Errorf("--epp-addr: %w", err)
+		}
+		r.eppAddr.Store(el.Addr().String())
+		goBG(func() {
+			if err := r.serveEPP(bg, el); err != nil {
+				r.log.Error("endpoint picker stopped", "err", err)
+			}
+		})
+	}
 	srv := &http.Server{Handler: r.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
 		ErrorLog: slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)}
 	errc := make(chan error, 1)
@@ -271,6 +286,13 @@ func (r *Router) Run(ctx context.Context, l net.Listener) error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// EPPAddr is the endpoint picker's bound address ("" before Run listens or
+// without --epp-addr).
+func (r *Router) EPPAddr() string {
+	s, _ := r.eppAddr.Load().(string)
+	return s
 }
 
 // every runs f now and then every period until ctx ends.

@@ -1,0 +1,451 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvindex/kvindex/bench/fakeengine"
+)
+
+// startEPP runs a router with --epp-addr on a loopback port and returns it with
+// an ext_proc client.
+func startEPP(t *testing.T, cfg Config) (*testRouter, extprocv3.ExternalProcessorClient, *grpc.ClientConn) {
+	t.Helper()
+	cfg.EPP.Addr = "127.0.0.1:0"
+	rt := startRouter(t, cfg)
+	waitFor(t, 10*time.Second, "the EPP to listen", func() bool { return rt.EPPAddr() != "" })
+	cc, err := grpc.NewClient(rt.EPPAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return rt, extprocv3.NewExternalProcessorClient(cc), cc
+}
+
+// envoy plays Envoy's side of one ext_proc stream.
+type envoy struct {
+	t      *testing.T
+	stream extprocv3.ExternalProcessor_ProcessClient
+	cancel context.CancelFunc
+	mode   filterv3.ProcessingMode_BodySendMode
+}
+
+func newEnvoy(t *testing.T, c extprocv3.ExternalProcessorClient, mode filterv3.ProcessingMode_BodySendMode) *envoy {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s, err := c.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &envoy{t: t, stream: s, cancel: cancel, mode: mode}
+}
+
+func (e *envoy) send(req *extprocv3.ProcessingRequest) {
+	e.t.Helper()
+	if err := e.stream.Send(req); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *envoy) recv() *extprocv3.ProcessingResponse {
+	e.t.Helper()
+	resp, err := e.stream.Recv()
+	if err != nil {
+		e.t.Fatalf("ext_proc answer: %v", err)
+	}
+	return resp
+}
+
+func headerMap(kv ...string) *corev3.HeaderMap {
+	m := &corev3.HeaderMap{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m.Headers = append(m.Headers, &corev3.HeaderValue{Key: kv[i], RawValue: []byte(kv[i+1])})
+	}
+	return m
+}
+
+func subsetMetadata(endpoints ...string) *corev3.Metadata {
+	vals := make([]any, len(endpoints))
+	for i, e := range endpoints {
+		vals[i] = e
+	}
+	s, err := structpb.NewStruct(map[string]any{EPPSubsetKey: vals})
+	if err != nil {
+		panic(err)
+	}
+	return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{EPPSubsetNamespace: s}}
+}
+
+// decision is what the EPP answered to a request.
+type eppAnswer struct {
+	header    map[string]string // header mutations
+	metadata  string            // envoy.lb / x-gateway-destination-endpoint
+	body      []byte            // the body passed on (streamed mode)
+	immediate *extprocv3.ImmediateResponse
+}
+
+// request sends the request as Envoy does (headers, then the body in chunks,
+// the last with end_of_stream) and reads the EPP's answer.
+func (e *envoy) request(path, body string, md *corev3.Metadata) eppAnswer {
+	e.t.Helper()
+	e.send(&extprocv3.ProcessingRequest{
+		ProtocolConfig:  &extprocv3.ProtocolConfiguration{RequestBodyMode: e.mode, ResponseBodyMode: e.mode},
+		MetadataContext: md,
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers: headerMap(":method", "POST", ":path", path, ":authority", "gateway", "content-type", "application/json"),
+		}},
+	})
+	var a eppAnswer
+	if e.mode == filterv3.ProcessingMode_BUFFERED {
+		if r := e.recv(); r.GetRequestHeaders() == nil {
+			e.t.Fatalf("buffered mode: headers answered with %v, want a headers response", r)
+		}
+	}
+	half := len(body) / 2
+	for i, chunk := range []string{body[:half], body[half:]} {
+		e.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+			Body: []byte(chunk), EndOfStream: i == 1}}})
+	}
+	first := e.recv()
+	if im := first.GetImmediateResponse(); im != nil {
+		a.immediate = im
+		return a
+	}
+	var common *extprocv3.CommonResponse
+	switch e.mode {
+	case filterv3.ProcessingMode_BUFFERED:
+		common = first.GetRequestBody().GetResponse()
+	default:
+		common = first.GetRequestHeaders().GetResponse()
+		second := e.recv()
+		sr := second.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		if sr == nil || !sr.EndOfStream {
+			e.t.Fatalf("streamed mode: the body was not passed on with end_of_stream: %v", second)
+		}
+		a.body = sr.Body
+	}
+	if common == nil {
+		e.t.Fatalf("no destination in %v", first)
+	}
+	a.header = map[string]string{}
+	for _, h := range common.GetHeaderMutation().GetSetHeaders() {
+		a.header[h.Header.Key] = string(h.Header.RawValue)
+	}
+	a.metadata = first.GetDynamicMetadata().GetFields()[EPPLBNamespace].GetStructValue().GetFields()[EPPDestinationHeader].GetStringValue()
+	return a
+}
+
+// respond plays the upstream answer through the stream: response headers with
+// the served endpoint in the metadata, then the body in chunks, the last with
+// end_of_stream.
+func (e *envoy) respond(status int, served string, body []byte) {
+	e.t.Helper()
+	md := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{EPPLBNamespace: {Fields: map[string]*structpb.Value{
+		EPPServedKey: structpb.NewStringValue(served)}}}}
+	e.send(&extprocv3.ProcessingRequest{MetadataContext: md, Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+		Headers: headerMap(":status", itoa(status), "content-type", "application/json")}}})
+	if r := e.recv(); r.GetResponseHeaders() == nil {
+		e.t.Fatalf("response headers answered with %v", r)
+	}
+	half := len(body) / 2
+	var echoed []byte
+	for i, chunk := range [][]byte{body[:half], body[half:]} {
+		e.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
+			Body: chunk, EndOfStream: i == 1}}})
+		r := e.recv()
+		if r.GetResponseBody() == nil {
+			e.t.Fatalf("response body answered with %v", r)
+		}
+		echoed = append(echoed, r.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody()...)
+	}
+	if e.mode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && !bytes.Equal(echoed, body) {
+		e.t.Errorf("the response body was not passed on unchanged: %q", echoed)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// upstream sends the request where the EPP said, as Envoy would.
+func upstream(t *testing.T, endpoint, path, body string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Post("http://"+endpoint+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b
+}
+
+// endpoints maps the fleet's ip:port to worker ids.
+func (f *fleet) endpoints() map[string]string {
+	m := map[string]string{}
+	for _, id := range f.ids {
+		m[strings.TrimPrefix(f.engines[id].URL(), "http://")] = id
+	}
+	return m
+}
+
+// One request through Envoy's exact message sequence, in both body modes: the
+// destination header equals the metadata, lists fallbacks after the choice, the
+// body is passed on unchanged, the engine answers there, load is held until the
+// response's end_of_stream and is zero after it.
+func TestEPPPicksAnEndpointAndReleasesAtTheEndOfTheResponse(t *testing.T) {
+	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED} {
+		t.Run(mode.String(), func(t *testing.T) {
+			f := startFleet(t, 3, nil)
+			rt, client, _ := startEPP(t, testConfig(t, f))
+			eps := f.endpoints()
+			body := completionBody(words("epp", 60), 4)
+
+			e := newEnvoy(t, client, mode)
+			a := e.request("/v1/completions", body, nil)
+			if a.immediate != nil {
+				t.Fatalf("immediate response %v", a.immediate)
+			}
+			dest := a.header[EPPDestinationHeader]
+			if dest == "" || dest != a.metadata {
+				t.Fatalf("header %q and metadata %q must be the same non-empty value", dest, a.metadata)
+			}
+			list := strings.Split(dest, ",")
+			if len(list) != 3 {
+				t.Errorf("destination %q: want the choice and 2 fallbacks (--epp-fallbacks 2)", dest)
+			}
+			seen := map[string]bool{}
+			for _, ep := range list {
+				if eps[ep] == "" || seen[ep] {
+					t.Errorf("destination %q: %q is not a distinct fleet endpoint", dest, ep)
+				}
+				seen[ep] = true
+			}
+			if a.header[EPPRankHeader] != "0" {
+				t.Errorf("%s = %q, want 0", EPPRankHeader, a.header[EPPRankHeader])
+			}
+			if mode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && string(a.body) != body {
+				t.Errorf("body passed on as %q, want it unchanged", a.body)
+			}
+			chosen := eps[list[0]]
+			if l := rt.ledger.Load(Target{Worker: chosen}); l.InFlight != 1 {
+				t.Fatalf("load on %s while the request runs = %+v, want one in flight", chosen, l)
+			}
+			code, answer := upstream(t, list[0], "/v1/completions", body)
+			if code != http.StatusOK {
+				t.Fatalf("engine answered %d %s", code, answer)
+			}
+			e.respond(code, list[0], answer)
+			rt.assertNoLoad(t, f.ids)
+			if got := rt.servedCount(chosen); got != 1 {
+				t.Errorf("requests_total{result=ok,worker=%s} = %d, want 1", chosen, got)
+			}
+			// Same prompt again: the predicted overlay sends it where the first went,
+			// as proxy mode would.
+			e2 := newEnvoy(t, client, mode)
+			a2 := e2.request("/v1/completions", body, nil)
+			if got := strings.Split(a2.header[EPPDestinationHeader], ",")[0]; got != list[0] {
+				t.Errorf("the same prompt went to %s, then to %s", list[0], got)
+			}
+		})
+	}
+}
+
+// A stream that breaks after the decision (client gone, Envoy reset) releases the
+// load and counts the request as canceled.
+func TestEPPAbortedStreamReleasesLoad(t *testing.T) {
+	for _, at := range []string{"after the decision", "after the response headers"} {
+		t.Run(at, func(t *testing.T) {
+			f := startFleet(t, 2, nil)
+			rt, client, _ := startEPP(t, testConfig(t, f))
+			e := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+			a := e.request("/v1/completions", completionBody(words("abort", 40), 4), nil)
+			ep := strings.Split(a.header[EPPDestinationHeader], ",")[0]
+			worker := f.endpoints()[ep]
+			if rt.ledger.Load(Target{Worker: worker}).InFlight != 1 {
+				t.Fatal("no load held after the decision")
+			}
+			if at == "after the response headers" {
+				e.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+					Headers: headerMap(":status", "200")}}})
+				e.recv()
+			}
+			e.cancel()
+			rt.assertNoLoad(t, f.ids)
+			waitFor(t, 10*time.Second, "the canceled request to be counted", func() bool {
+				return testutil.ToFloat64(rt.metrics.requests.WithLabelValues(rt.policy.Name(), resultCanceled, worker)) == 1
+			})
+		})
+	}
+}
+
+// The subset hint limits the pick; a hint naming no eligible endpoint is a 503.
+func TestEPPSubsetHint(t *testing.T) {
+	f := startFleet(t, 3, nil)
+	_, client, _ := startEPP(t, testConfig(t, f))
+	w2 := strings.TrimPrefix(f.engines["w2"].URL(), "http://")
+	w1 := strings.TrimPrefix(f.engines["w1"].URL(), "http://")
+	cases := []struct {
+		name   string
+		subset []string
+		want   []string // allowed destinations; nil: 503
+	}{
+		{"one endpoint", []string{w2}, []string{w2}},
+		{"two endpoints", []string{w1, w2}, []string{w1, w2}},
+		{"unknown endpoint", []string{"10.255.255.1:8000"}, nil},
+		{"empty list", []string{}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for i := range 4 {
+				e := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+				a := e.request("/v1/completions", completionBody(words(c.name+itoa(i), 30), 2), subsetMetadata(c.subset...))
+				if c.want == nil {
+					if a.immediate == nil || a.immediate.Status.Code != 503 {
+						t.Fatalf("want an immediate 503, got %+v", a)
+					}
+					return
+				}
+				if a.immediate != nil {
+					t.Fatalf("immediate %v", a.immediate)
+				}
+				for _, ep := range strings.Split(a.header[EPPDestinationHeader], ",") {
+					if !strings.Contains(strings.Join(c.want, " "), ep) {
+						t.Errorf("destination %q outside the subset %v", ep, c.want)
+					}
+				}
+				e.cancel()
+			}
+		})
+	}
+}
+
+// Refusals are immediate responses: unknown model 404, a full fleet 429 with
+// Retry-After, no workers 503.
+func TestEPPImmediateResponses(t *testing.T) {
+	f := startFleet(t, 1, nil)
+	cfg := testConfig(t, f)
+	cfg.MaxPending, cfg.QueueSize = 1, 0
+	_, client, _ := startEPP(t, cfg)
+
+	e := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+	if a := e.request("/v1/completions", `{"model":"nope","prompt":"x"}`, nil); a.immediate == nil || a.immediate.Status.Code != 404 {
+		t.Errorf("unknown model: %+v, want 404", a)
+	}
+	hold := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+	if a := hold.request("/v1/completions", completionBody("first", 2), nil); a.immediate != nil {
+		t.Fatalf("first request refused: %v", a.immediate)
+	}
+	shed := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+	a := shed.request("/v1/completions", completionBody("second", 2), nil)
+	if a.immediate == nil || a.immediate.Status.Code != 429 {
+		t.Fatalf("a full fleet: %+v, want 429", a)
+	}
+	retry := false
+	for _, h := range a.immediate.GetHeaders().GetSetHeaders() {
+		retry = retry || strings.EqualFold(h.Header.Key, "retry-after")
+	}
+	if !retry {
+		t.Error("429 without Retry-After")
+	}
+
+	empty := testConfig(t, f)
+	empty.Workers = nil
+	_, client2, _ := startEPP(t, empty)
+	e3 := newEnvoy(t, client2, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+	if a := e3.request("/v1/completions", completionBody("x", 2), nil); a.immediate == nil || a.immediate.Status.Code != 503 {
+		t.Errorf("no workers: %+v, want 503", a)
+	}
+}
+
+// Envoy falls back to the second endpoint of the list: the load moves there.
+func TestEPPServedFallbackMovesTheLoad(t *testing.T) {
+	f := startFleet(t, 2, nil)
+	rt, client, _ := startEPP(t, testConfig(t, f))
+	eps := f.endpoints()
+	e := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+	body := completionBody(words("fallback", 40), 3)
+	list := strings.Split(e.request("/v1/completions", body, nil).header[EPPDestinationHeader], ",")
+	if len(list) < 2 {
+		t.Fatalf("destination %v: want a fallback", list)
+	}
+	code, answer := upstream(t, list[1], "/v1/completions", body)
+	e.send(&extprocv3.ProcessingRequest{
+		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{EPPLBNamespace: {Fields: map[string]*structpb.Value{
+			EPPServedKey: structpb.NewStringValue(list[1])}}}},
+		Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{Headers: headerMap(":status", itoa(code))}}})
+	e.recv()
+	if l := rt.ledger.Load(Target{Worker: eps[list[1]]}); l.InFlight != 1 {
+		t.Errorf("load on the serving fallback %s = %+v, want 1 in flight", eps[list[1]], l)
+	}
+	if l := rt.ledger.Load(Target{Worker: eps[list[0]]}); l.InFlight != 0 {
+		t.Errorf("load on the first choice %s = %+v, want 0 once the fallback served", eps[list[0]], l)
+	}
+	e.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: answer, EndOfStream: true}}})
+	e.recv()
+	rt.assertNoLoad(t, f.ids)
+	if got := rt.servedCount(eps[list[1]]); got != 1 {
+		t.Errorf("ok count of the fallback = %d, want 1", got)
+	}
+}
+
+// Disaggregated: the destination is the decode worker, x-prefiller-host-port the
+// prefill worker.
+func TestEPPPrefillDecode(t *testing.T) {
+	f := pdFleet(t, nil)
+	_, client, _ := startEPP(t, testConfig(t, f))
+	eps := f.endpoints()
+	a := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED).request("/v1/completions", completionBody(words("pd", 100), 4), nil)
+	if got := eps[strings.Split(a.header[EPPDestinationHeader], ",")[0]]; got != "w2" {
+		t.Errorf("destination %q is %q, want the decode worker w2", a.header[EPPDestinationHeader], got)
+	}
+	if got := eps[a.header[EPPPrefillerHeader]]; got != "w0" && got != "w1" {
+		t.Errorf("%s = %q, want a prefill worker", EPPPrefillerHeader, a.header[EPPPrefillerHeader])
+	}
+}
+
+// The gRPC health services: liveness always, readiness with a routable worker.
+func TestEPPHealth(t *testing.T) {
+	f := startFleet(t, 1, func(int, *fakeengine.Config) {})
+	for _, c := range []struct {
+		name    string
+		workers bool
+		want    map[string]healthpb.HealthCheckResponse_ServingStatus
+	}{
+		{"with workers", true, map[string]healthpb.HealthCheckResponse_ServingStatus{HealthLiveness: healthpb.HealthCheckResponse_SERVING,
+			HealthReadiness: healthpb.HealthCheckResponse_SERVING, "envoy.service.ext_proc.v3.ExternalProcessor": healthpb.HealthCheckResponse_SERVING}},
+		{"without workers", false, map[string]healthpb.HealthCheckResponse_ServingStatus{HealthLiveness: healthpb.HealthCheckResponse_SERVING,
+			HealthReadiness: healthpb.HealthCheckResponse_NOT_SERVING}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig(t, f)
+			if !c.workers {
+				cfg.Workers = nil
+			}
+			_, _, cc := startEPP(t, cfg)
+			h := healthpb.NewHealthClient(cc)
+			for svc, want := range c.want {
+				resp, err := h.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
+				if err != nil || resp.Status != want {
+					t.Errorf("health %q = %v, %v; want %v", svc, resp.GetStatus(), err, want)
+				}
+			}
+		})
+	}
+}
