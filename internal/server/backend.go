@@ -4,6 +4,7 @@ import (
 	"context"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
 	"github.com/kvindex/kvindex/internal/workerspec"
 )
@@ -65,6 +66,10 @@ type WorkerStatus struct {
 	State kvindexv1.WorkerState
 	// Ranks are the dp ranks this node has a position for, ordered by rank.
 	Ranks []RankStatus
+	// Streams are the worker's event streams as this node's ingest follows
+	// them (gaps, replays, resets, lag), ordered by rank; empty unless this
+	// node leads and ingests.
+	Streams []ingest.StreamStatus
 }
 
 // RankStatus is the applied position of one dp rank's event stream.

@@ -132,6 +132,7 @@ func (b *raftBackend) Workers(context.Context) ([]WorkerStatus, error) {
 		slices.SortFunc(out[i].Ranks, func(x, y RankStatus) int { return cmp.Compare(x.DPRank, y.DPRank) })
 		if leading {
 			out[i].State = workerState(true, streams[spec.ID])
+			out[i].Streams = streams[spec.ID]
 		}
 	}
 	return out, nil
