@@ -52,6 +52,12 @@ var wantAccess = map[string]access{
 	"POST /query_by_hash":     accessPublic,
 	"POST /register":          accessAdmin,
 	"POST /unregister":        accessAdmin,
+	// The console (ui.go): read-only views; its admin actions call /unregister.
+	"GET /ui":               accessPublic,
+	"GET /ui/assets/{file}": accessPublic,
+	"GET /ui/api/state":     accessPublic,
+	"GET /ui/api/events":    accessPublic,
+	"POST /ui/api/try":      accessPublic,
 }
 
 // TestEveryEndpointHasItsAccessPolicy walks the services the gRPC server

@@ -110,6 +110,7 @@ func (a *API) routes() []route {
 		{"POST /register", accessAdmin, a.handleRegister},
 		{"POST /unregister", accessAdmin, a.handleUnregister},
 	}
+	rs = append(rs, a.uiRoutes()...)
 	if a.gatherer != nil {
 		metrics := promhttp.HandlerFor(a.gatherer, promhttp.HandlerOpts{ErrorLog: slog2log{a}})
 		rs = append(rs, route{"GET /metrics", accessPublic, func(w http.ResponseWriter, r *http.Request) error {
