@@ -80,6 +80,7 @@ echo "== starting the indexer, a raft cluster of one (gRPC 127.0.0.1:$IDX_GRPC, 
   --raft-addr "127.0.0.1:$IDX_RAFT" \
   --block-size $BLOCK --tokenizer "$MODEL=builtin" --log-level warn "${WORKERS[@]}" >"$WORK/indexer.log" 2>&1 &
 PIDS+=($!)
+echo "   indexer console: http://127.0.0.1:$IDX_HTTP/ui"
 
 ROUTER_WORKERS=()
 for i in $(seq 0 $((ENGINES - 1))); do

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages kvindex needs to build and test (libzmq for pebbe/zmq4,
-# pkg-config for cgo, npm for test fixtures, python3 for the Python client) when missing. Idempotent; a no-op on a machine that has them.
+# pkg-config for cgo, npm for test fixtures, python3 for the Python client, chromium
+# for the console's browser tests) when missing. Idempotent; a no-op on a machine that has them.
 set -euo pipefail
 
 need=()
@@ -11,6 +12,8 @@ command -v gcc >/dev/null 2>&1 || need+=(gcc)
 # python3 runs the stdlib-only Python client's tests.
 command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+# Debian's chromium runs the consoles' end-to-end browser tests (they fail without it).
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || [ -n "${KVINDEX_CHROMIUM:-}" ] || need+=(chromium)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}"
