@@ -8,7 +8,7 @@ TEST_TIMEOUT ?= 15m
 
 export CGO_ENABLED := 1
 
-.PHONY: all deps build test test-long bench lint proto demo fmt clean
+.PHONY: all deps build test test-long bench bench-route bench-route-live lint proto demo fmt clean
 
 all: build
 
@@ -29,6 +29,18 @@ test-long: deps
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./internal/... ./bench/...
+
+# Route bench (bench/routebench, results in bench/RESULTS.md): every policy on every
+# trace, offline (virtual clock), with a request-rate sweep; then the live fleet.
+ROUTEBENCH_ARGS ?=
+bench-route: build
+	$(BIN)/routebench --offline --trace chat,shared-system,document,agentic,burst,unique --workers 8 \
+	  --requests 2000 --rate 20 --rates 5,10,40 --out bench/out/route-offline $(ROUTEBENCH_ARGS)
+
+bench-route-live: build
+	$(BIN)/routebench --trace chat,agentic,unique --workers 8 --requests 400 --rate 10 --time-scale 0.5 \
+	  --policies round-robin,least-loaded,session,prefix-hash,dynamo-approx,kv-aware-no-overlay,kv-aware \
+	  --out bench/out/route-live $(ROUTEBENCH_ARGS)
 
 lint: deps
 	$(GO) vet ./...

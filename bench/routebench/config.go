@@ -59,7 +59,7 @@ type Config struct {
 	TruthLimit int
 
 	// Quick is the small live run of the test suite: chat trace, 4 workers,
-	// round-robin and kv-aware, 120 requests.
+	// round-robin and kv-aware, 120 requests, engines at --time-scale 0.25.
 	Quick bool
 	// BinDir holds fakeengine, indexer and router for live mode.
 	BinDir string
@@ -205,7 +205,7 @@ func ParseFlags(args []string, out io.Writer, lookup func(string) (string, bool)
 	fs.IntVar(&c.CPUBlocks, "cpu-blocks", c.CPUBlocks, "CPU-tier KV blocks on every other engine (0: none)")
 	fs.DurationVar(&c.EventDelay, "event-delay", c.EventDelay, "offline: delay of the KV events on their way to the index")
 	fs.IntVar(&c.TruthLimit, "truth-limit", c.TruthLimit, "offline: compute available/captured hit from the true caches up to this many workers")
-	fs.BoolVar(&c.Quick, "quick", c.Quick, "small live run (chat, 4 workers, round-robin and kv-aware, 120 requests; under 2 minutes)")
+	fs.BoolVar(&c.Quick, "quick", c.Quick, "small live run (chat, 4 workers, round-robin and kv-aware, 120 requests, --time-scale 0.25; under 2 minutes)")
 	fs.StringVar(&c.BinDir, "bin-dir", c.BinDir, "live: directory holding the fakeengine, indexer and router binaries")
 	fs.Float64Var(&c.TimeScale, "time-scale", c.TimeScale, "live: engines' --time-scale (simulated to wall time)")
 	fs.BoolVar(&c.Progress, "progress", c.Progress, "draw a progress bar on stderr")
@@ -229,4 +229,5 @@ func (c *Config) ApplyQuick() {
 	c.Rate = 20
 	c.Rates = nil
 	c.GPUBlocks = 2048
+	c.TimeScale = 0.25
 }

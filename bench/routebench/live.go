@@ -1,22 +1,376 @@
 package routebench
 
 import (
+	"bufio"
+	"bytes"
 	"context"
-	"errors"
-	"io"
+	"encoding/json"
 
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/traces"
 )
 
-// fleet is the live mode's processes.
-type fleet struct{}
-
-func startFleet(ctx context.Context, cfg *Config, stderr io.Writer) (*fleet, error) {
-	return nil, errors.New("routebench: live mode not built yet")
+// fleet is the live mode's processes: one fakeengine per worker and the indexer,
+// started once; a router is started per policy (the policy is a router flag).
+type fleet struct {
+	cfg     *Config
+	dir     string
+	stderr  io.Writer
+	procs   []*exec.Cmd
+	engines []string // base URLs
+	grpc    string   // indexer gRPC address
+	client  *http.Client
 }
 
-func (f *fleet) close() {}
+// freePort returns a TCP port that was free a moment ago.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
 
+func freePorts(n int) ([]int, error) {
+	var out []int
+	for range n {
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// start runs a binary with its output in dir/name.log.
+func (f *fleet) start(ctx context.Context, name, bin string, args ...string) (*exec.Cmd, error) {
+	logf, err := os.Create(filepath.Join(f.dir, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(f.cfg.BinDir, bin), args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	f.procs = append(f.procs, cmd)
+	return cmd, nil
+}
+
+// waitReady polls url until it answers 200.
+func (f *fleet) waitReady(ctx context.Context, url string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if resp, err := f.client.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s not ready after %v (logs in %s)", url, timeout, f.dir)
+}
+
+// startFleet starts the engines and the indexer.
+func startFleet(ctx context.Context, cfg *Config, stderr io.Writer) (*fleet, error) {
+	dir, err := os.MkdirTemp("", "routebench-")
+	if err != nil {
+		return nil, err
+	}
+	f := &fleet{cfg: cfg, dir: dir, stderr: stderr, client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}}
+	ok := false
+	defer func() {
+		if !ok {
+			f.close()
+		}
+	}()
+	ports, err := freePorts(3*cfg.Workers + 3)
+	if err != nil {
+		return nil, err
+	}
+	var workerArgs []string
+	for w := range cfg.Workers {
+		ec := engineConfig(cfg, w)
+		httpP, evP, repP := ports[3*w], ports[3*w+1], ports[3*w+2]
+		args := []string{"--model", simModel, "--port", strconv.Itoa(httpP), "--block-size", strconv.Itoa(ec.BlockSize),
+			"--num-gpu-blocks", strconv.Itoa(ec.NumGPUBlocks), "--num-cpu-blocks", strconv.Itoa(ec.NumCPUBlocks),
+			"--time-scale", strconv.FormatFloat(cfg.TimeScale, 'g', -1, 64), "--block-hash-seed", strconv.FormatUint(ec.BlockHashSeed, 10),
+			"--max-model-len", strconv.Itoa(ec.MaxModelLen),
+			"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", evP), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", repP),
+			"--log-level", "warn"}
+		if _, err := f.start(ctx, workerID(w), "fakeengine", args...); err != nil {
+			return nil, err
+		}
+		url := fmt.Sprintf("http://127.0.0.1:%d", httpP)
+		f.engines = append(f.engines, url)
+		workerArgs = append(workerArgs, "--worker", fmt.Sprintf("id=%s,model=%s,block-size=%d,endpoint=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d,http=%s",
+			workerID(w), simModel, cfg.BlockSize, evP, repP, url))
+	}
+	base := 3 * cfg.Workers
+	f.grpc = fmt.Sprintf("127.0.0.1:%d", ports[base])
+	idxHTTP := fmt.Sprintf("127.0.0.1:%d", ports[base+1])
+	args := append([]string{"--node-id", "bench", "--data-dir", filepath.Join(dir, "indexer"), "--http-addr", idxHTTP,
+		"--grpc-addr", f.grpc, "--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[base+2]), "--block-size", strconv.Itoa(cfg.BlockSize),
+		"--tokenizer", simModel + "=builtin", "--log-level", "warn"}, workerArgs...)
+	if _, err := f.start(ctx, "indexer", "indexer", args...); err != nil {
+		return nil, err
+	}
+	for _, u := range f.engines {
+		if err := f.waitReady(ctx, u+"/health", 60*time.Second); err != nil {
+			return nil, err
+		}
+	}
+	if err := f.waitReady(ctx, "http://"+idxHTTP+"/readyz", 60*time.Second); err != nil {
+		return nil, err
+	}
+	ok = true
+	return f, nil
+}
+
+func (f *fleet) close() {
+	for i := len(f.procs) - 1; i >= 0; i-- {
+		p := f.procs[i]
+		if p.Process != nil && p.ProcessState == nil {
+			p.Process.Signal(os.Interrupt)
+			done := make(chan struct{})
+			go func() { p.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				p.Process.Kill()
+				<-done
+			}
+		}
+	}
+	f.procs = nil
+	os.RemoveAll(f.dir)
+}
+
+// resetCaches empties every engine's prefix cache (they announce it to the
+// indexer), so every policy starts cold.
+func (f *fleet) resetCaches(ctx context.Context) error {
+	for _, u := range f.engines {
+		var lastErr error
+		for range 50 {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, u+"/reset_prefix_cache", nil)
+			resp, err := f.client.Do(req)
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					lastErr = nil
+					break
+				}
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+			lastErr = err
+			time.Sleep(100 * time.Millisecond)
+		}
+		if lastErr != nil {
+			return fmt.Errorf("reset %s: %w", u, lastErr)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // let the cleared events reach the indexer
+	return nil
+}
+
+type completion struct {
+	Usage struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+// run replays tr through a router running spec's policy.
 func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate float64, tick func()) (Row, error) {
-	return Row{}, errors.New("not built")
+	if err := f.resetCaches(ctx); err != nil {
+		return Row{}, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return Row{}, err
+	}
+	listen := fmt.Sprintf("127.0.0.1:%d", port)
+	args := append([]string{"--listen", listen, "--log-level", "warn", "--queue-size", "100000", "--queue-timeout", "10m"}, spec.liveArgs...)
+	if !spec.liveNoIndexer {
+		args = append(args, "--indexer", f.grpc)
+	}
+	for w, u := range f.engines {
+		args = append(args, "--worker", fmt.Sprintf("id=%s,model=%s,block-size=%d,http=%s", workerID(w), simModel, f.cfg.BlockSize, u))
+	}
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	cmd, err := f.start(rctx, "router-"+spec.name, "router", args...)
+	if err != nil {
+		return Row{}, err
+	}
+	defer func() {
+		stop()
+		cmd.Wait()
+	}()
+	base := "http://" + listen
+	if err := f.waitReady(ctx, base+"/readyz", 30*time.Second); err != nil {
+		return Row{}, err
+	}
+
+	outs := make([]outcome, len(tr.Requests))
+	busy := map[string]time.Duration{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	scale := f.cfg.TimeScale
+	start := time.Now()
+	for i := range tr.Requests {
+		r := &tr.Requests[i]
+		if wait := time.Duration(float64(r.Arrival)*scale) - time.Since(start); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return Row{}, ctx.Err()
+			case <-time.After(wait):
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := f.send(ctx, base, r)
+			mu.Lock()
+			outs[i] = o
+			if !o.failed {
+				busy[o.workerID] += o.e2e
+			}
+			mu.Unlock()
+			tick()
+		}()
+	}
+	wg.Wait()
+	row := summarize(tr.Name, spec.name, "live", f.cfg.Workers, f.cfg.BlockSize, rate, outs, busy, f.cfg.SLOTTFT)
+	row.DecisionP50, row.DecisionP99 = f.overheadQuantiles(ctx, base)
+	return row, nil
+}
+
+// send issues one request and reads the engine's answer: usage.cached_tokens,
+// the simulated TTFT and E2E headers, and the serving worker.
+func (f *fleet) send(ctx context.Context, base string, r *traces.Request) outcome {
+	o := outcome{arrival: r.Arrival, promptTokens: len(r.Prompt), outputTokens: r.OutputTokens}
+	body, _ := json.Marshal(map[string]any{"model": simModel, "prompt": r.Prompt, "max_tokens": r.OutputTokens, "stream": false})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Session-ID", r.Session)
+	if r.Prefix != "" {
+		req.Header.Set("X-Cache-Key", r.Prefix)
+	}
+	t0 := time.Now()
+	resp, err := f.client.Do(req)
+	o.decision = 0
+	if err != nil {
+		o.failed = true
+		return o
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		o.failed = true
+		fmt.Fprintf(f.stderr, "routebench: request %d: status %d %s\n", r.ID, resp.StatusCode, strings.TrimSpace(string(raw)))
+		return o
+	}
+	var c completion
+	if err := json.Unmarshal(raw, &c); err != nil {
+		o.failed = true
+		return o
+	}
+	o.cachedTokens = c.Usage.PromptTokensDetails.CachedTokens
+	o.workerID = resp.Header.Get("X-Kvindex-Worker")
+	ms := func(h string) time.Duration {
+		v, err := strconv.ParseFloat(resp.Header.Get(h), 64)
+		if err != nil {
+			return 0
+		}
+		return time.Duration(v * float64(time.Millisecond))
+	}
+	o.ttft, o.e2e = ms(fakeengine.HeaderSimTTFT), ms(fakeengine.HeaderSimE2E)
+	if o.e2e == 0 { // no header: the wall clock, scaled back to simulated time
+		o.e2e = time.Duration(float64(time.Since(t0)) / max(f.cfg.TimeScale, 1e-9))
+	}
+	return o
+}
+
+// overheadQuantiles reads the router's kvindex_router_overhead_seconds histogram
+// (arrival to upstream request sent: parse, tokenize, index query, decision) and
+// returns its p50 and p99 in µs, interpolated within buckets.
+func (f *fleet) overheadQuantiles(ctx context.Context, base string) (p50, p99 float64) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return math.NaN(), math.NaN()
+	}
+	defer resp.Body.Close()
+	type bucket struct{ le, n float64 }
+	var buckets []bucket
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, `kvindex_router_overhead_seconds_bucket{le="`)
+		if !ok {
+			continue
+		}
+		leS, nS, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		le, err1 := strconv.ParseFloat(leS, 64)
+		n, err2 := strconv.ParseFloat(nS, 64)
+		if err1 == nil && err2 == nil {
+			buckets = append(buckets, bucket{le, n})
+		}
+	}
+	slices.SortFunc(buckets, func(a, b bucket) int { return cmpF(a.le, b.le) })
+	q := func(p float64) float64 {
+		if len(buckets) == 0 || buckets[len(buckets)-1].n == 0 {
+			return math.NaN()
+		}
+		target := p * buckets[len(buckets)-1].n
+		prevLe, prevN := 0.0, 0.0
+		for _, b := range buckets {
+			if b.n >= target {
+				if math.IsInf(b.le, 1) {
+					return prevLe * 1e6
+				}
+				frac := 0.0
+				if b.n > prevN {
+					frac = (target - prevN) / (b.n - prevN)
+				}
+				return (prevLe + frac*(b.le-prevLe)) * 1e6
+			}
+			prevLe, prevN = b.le, b.n
+		}
+		return math.NaN()
+	}
+	return q(.5), q(.99)
 }
