@@ -55,7 +55,7 @@ type raftBackend struct {
 	// readiness: see readiness.go.
 	readyMaxLag    uint64
 	contactTimeout time.Duration
-	leaderProgress atomic.Pointer[leaderProgress]
+	leaderAsks     leaderAsks
 }
 
 var _ Backend = (*raftBackend)(nil)

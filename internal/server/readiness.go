@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
@@ -13,23 +15,25 @@ import (
 // The leader knows the commit index itself. A follower only knows what the
 // leader told it, and right after a restart it knows nothing: raft starts it
 // with commit index 0 and the index of its last snapshot (or an empty one),
-// and comparing that with itself would say "caught up". So a follower is ready
-// only when
-//   - it has heard from the current leader within the heartbeat timeout;
-//   - its own commit index has come from that leader (it is not 0), and it
-//     has asked the leader for the leader's commit index in this term, less
-//     than leaderProgressMaxAge ago (its own can be behind while its log is:
-//     raft sets it to min(leader's, last log index));
-//   - it has applied to within the lag of the larger of the two.
+// and comparing that with itself would say "caught up". Nor is its own commit
+// index enough later on: raft sets it to min(leader's, last log index), and
+// under load it trails the leader's by whatever replication has not brought
+// yet. So a follower is ready only when
+//   - it has heard from the current leader within the heartbeat timeout, and
+//     its own commit index has come from that leader (it is not 0);
+//   - the leader, asked for its commit index after the readiness question
+//     arrived (over gRPC, in this term), answered;
+//   - it has applied to within the lag of that answer.
+// Concurrent questions share the leader's answers: a question waits for an
+// answer asked after it arrived (see leaderCommit), so a flood of /readyz
+// costs the leader at most one question per round trip.
 
 const (
 	// DefaultReadyMaxLag is --ready-max-lag's default: ingest commits entries
 	// all the time, so a follower is rarely at zero.
 	DefaultReadyMaxLag = 256
-	// leaderProgressPoll is how often a follower asks the leader for its commit
-	// index; leaderProgressMaxAge is how old an answer may be and still count.
-	leaderProgressPoll   = 100 * time.Millisecond
-	leaderProgressMaxAge = time.Second
+	// readyAskTimeout bounds the question to the leader.
+	readyAskTimeout = time.Second
 )
 
 // leaderProgress is what the leader last said about its commit index.
@@ -65,9 +69,12 @@ func (b *raftBackend) Ready() error {
 		if st.CommitIndex == 0 {
 			return fmt.Errorf("%w: the commit index has not come from leader %s yet", ErrUnavailable, st.LeaderID)
 		}
-		p := b.leaderProgress.Load()
-		if p == nil || p.leader != st.LeaderID || p.term != st.Term || time.Since(p.at) > leaderProgressMaxAge {
-			return fmt.Errorf("%w: leader %s has not said its commit index in term %d yet", ErrUnavailable, st.LeaderID, st.Term)
+		p, err := b.leaderCommit(time.Now())
+		switch {
+		case err != nil:
+			return fmt.Errorf("%w: asking leader %s for its commit index: %v", ErrUnavailable, st.LeaderID, err)
+		case p.leader != st.LeaderID || p.term != st.Term:
+			return fmt.Errorf("%w: leader %s answered for term %d as %s; this node is in term %d", ErrUnavailable, st.LeaderID, p.term, p.leader, st.Term)
 		}
 		commit = max(commit, p.commitIndex)
 	}
@@ -77,29 +84,36 @@ func (b *raftBackend) Ready() error {
 	return nil
 }
 
-// followLeaderProgress asks the leader for its commit index every
-// leaderProgressPoll while this node follows, until ctx ends.
-func (b *raftBackend) followLeaderProgress(ctx context.Context) {
-	t := time.NewTicker(leaderProgressPoll)
-	defer t.Stop()
-	failures := 0
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		p, err := b.askLeaderProgress(ctx)
-		switch {
-		case err != nil:
-			if failures++; failures%50 == 1 && ctx.Err() == nil {
-				b.log.Warn("asking the leader for its commit index failed; this node is not ready until it answers", "err", err, "failures", failures)
-			}
-		case p != nil:
-			failures = 0
-			b.leaderProgress.Store(p)
-		}
+// leaderAsks serialises the followers' questions to the leader and keeps the
+// last answer with the time its question was sent.
+type leaderAsks struct {
+	mu   sync.Mutex
+	last *leaderProgress // guarded by mu
+	err  error           // of the last question; guarded by mu
+}
+
+// leaderCommit returns the leader's commit index as the leader answered a
+// question sent at or after arrived: the last answer if its question was,
+// else a new question's.
+func (b *raftBackend) leaderCommit(arrived time.Time) (*leaderProgress, error) {
+	q := &b.leaderAsks
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.last != nil && !q.last.at.Before(arrived) {
+		return q.last, q.err
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), readyAskTimeout)
+	defer cancel()
+	at := time.Now()
+	p, err := b.askLeaderProgress(ctx)
+	if p == nil && err == nil {
+		err = errors.New("no leader to ask")
+	}
+	if p == nil {
+		p = &leaderProgress{at: at}
+	}
+	q.last, q.err = p, err
+	return p, err
 }
 
 // askLeaderProgress asks the leader, over its gRPC API, for its commit index;
@@ -119,9 +133,7 @@ func (b *raftBackend) askLeaderProgress(ctx context.Context) (*leaderProgress, e
 		return nil, fmt.Errorf("leader %s has published no gRPC address", st.LeaderID)
 	}
 	at := time.Now()
-	actx, cancel := context.WithTimeout(ctx, progressTimeout)
-	defer cancel()
-	actx, c, err := b.peers.admin(actx, addr, true)
+	actx, c, err := b.peers.admin(ctx, addr, true)
 	if err != nil {
 		return nil, err
 	}
