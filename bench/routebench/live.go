@@ -20,7 +20,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/traces"
 )
 
@@ -200,6 +199,7 @@ func (f *fleet) resetCaches(ctx context.Context) error {
 	return nil
 }
 
+// completion is the usage part of an OpenAI completion (or its last chunk).
 type completion struct {
 	Usage struct {
 		PromptTokens        int `json:"prompt_tokens"`
@@ -275,48 +275,70 @@ func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate 
 	return row, nil
 }
 
-// send issues one request and reads the engine's answer: usage.cached_tokens,
-// the simulated TTFT and E2E headers, and the serving worker.
+// send streams one request through the router, as chat clients do (so the
+// router's prefill load is released at the first token, not at the end), and
+// reads usage.cached_tokens from the final usage chunk. TTFT and E2E are the
+// client's wall-clock times divided by --time-scale (simulated time plus the
+// router's overhead and the engines' real scheduling, also divided): the
+// router drops the engines' X-Sim-* trailers.
 func (f *fleet) send(ctx context.Context, base string, r *traces.Request) outcome {
 	o := outcome{arrival: r.Arrival, promptTokens: len(r.Prompt), outputTokens: r.OutputTokens}
-	body, _ := json.Marshal(map[string]any{"model": simModel, "prompt": r.Prompt, "max_tokens": r.OutputTokens, "stream": false})
+	body, _ := json.Marshal(map[string]any{"model": simModel, "prompt": r.Prompt, "max_tokens": r.OutputTokens,
+		"stream": true, "stream_options": map[string]any{"include_usage": true}})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Session-ID", r.Session)
 	if r.Prefix != "" {
 		req.Header.Set("X-Cache-Key", r.Prefix)
 	}
+	scale := max(f.cfg.TimeScale, 1e-9)
 	t0 := time.Now()
 	resp, err := f.client.Do(req)
-	o.decision = 0
 	if err != nil {
 		o.failed = true
+		fmt.Fprintf(f.stderr, "routebench: request %d: %v\n", r.ID, err)
 		return o
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(resp.Body)
 		o.failed = true
 		fmt.Fprintf(f.stderr, "routebench: request %d: status %d %s\n", r.ID, resp.StatusCode, strings.TrimSpace(string(raw)))
 		return o
 	}
-	var c completion
-	if err := json.Unmarshal(raw, &c); err != nil {
-		o.failed = true
-		return o
-	}
-	o.cachedTokens = c.Usage.PromptTokensDetails.CachedTokens
 	o.workerID = resp.Header.Get("X-Kvindex-Worker")
-	ms := func(h string) time.Duration {
-		v, err := strconv.ParseFloat(resp.Header.Get(h), 64)
-		if err != nil {
-			return 0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+	gotUsage, done := false, false
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
 		}
-		return time.Duration(v * float64(time.Millisecond))
+		if data == "[DONE]" {
+			done = true
+			break
+		}
+		var c struct {
+			completion
+			Choices []json.RawMessage `json:"choices"`
+			Error   json.RawMessage   `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(data), &c); err != nil || len(c.Error) > 0 {
+			o.failed = true
+			return o
+		}
+		if o.ttft == 0 && len(c.Choices) > 0 {
+			o.ttft = time.Duration(float64(time.Since(t0)) / scale)
+		}
+		if c.Usage.PromptTokens > 0 {
+			gotUsage = true
+			o.cachedTokens = c.Usage.PromptTokensDetails.CachedTokens
+		}
 	}
-	o.ttft, o.e2e = ms(fakeengine.HeaderSimTTFT), ms(fakeengine.HeaderSimE2E)
-	if o.e2e == 0 { // no header: the wall clock, scaled back to simulated time
-		o.e2e = time.Duration(float64(time.Since(t0)) / max(f.cfg.TimeScale, 1e-9))
+	o.e2e = time.Duration(float64(time.Since(t0)) / scale)
+	if sc.Err() != nil || !done || !gotUsage {
+		o.failed = true
 	}
 	return o
 }
