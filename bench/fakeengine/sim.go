@@ -151,6 +151,27 @@ func (s *SimRank) CachedPrefix(req Request) (gpu, cpu int) {
 	return gpu, cpu
 }
 
+// PendingPrefillTokens is the prompt work queued on the rank now: the prompt
+// tokens still to compute of running requests, plus the whole prompts, less
+// their currently cached prefix, of requests not yet admitted. With
+// Timing.PrefillPerToken it estimates how long a new request waits for prefill.
+func (s *SimRank) PendingPrefillTokens() int {
+	n := 0
+	for _, r := range s.rk.running {
+		if r.state == statePrefill {
+			n += r.promptLen - r.computed
+		}
+	}
+	bs := s.e.cfg.BlockSize
+	for _, list := range [][]*request{s.rk.waiting, s.rk.inbox} {
+		for _, r := range list {
+			g, c := s.CachedPrefix(r.in)
+			n += max(r.promptLen-(g+c)*bs, 1)
+		}
+	}
+	return n
+}
+
 // Load is the rank's queue and KV usage, as its /metrics would report them.
 func (s *SimRank) Load() (waiting, running int, kvUsage float64) {
 	return len(s.rk.waiting) + len(s.rk.inbox), len(s.rk.running), s.rk.cache.usage()

@@ -117,6 +117,20 @@ func TestSimRankClockAndCachedPrefix(t *testing.T) {
 			t.Fatalf("step of %v", d)
 		}
 	}
+	if n := sim.PendingPrefillTokens(); n != 0 {
+		t.Fatalf("idle rank: %d pending prefill tokens", n)
+	}
+	if _, err := sim.Submit(Request{Prompt: seqPrompt(100, 30), MaxTokens: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if n := sim.PendingPrefillTokens(); n != 30 {
+		t.Fatalf("one queued 30-token prompt: %d pending prefill tokens", n)
+	}
+	for {
+		if _, _, ran := sim.Step(); !ran {
+			break
+		}
+	}
 	if g, c := sim.CachedPrefix(req); g != 5 || c != 0 { // 21 tokens, block 4: 5 full blocks
 		t.Fatalf("after the request: prefix %d+%d, want 5+0", g, c)
 	}
