@@ -65,6 +65,9 @@ type Config struct {
 	BinDir string
 	// TimeScale is the live engines' --time-scale.
 	TimeScale float64
+	// PrefillScale, when > 0, is the router's --prefill-scale for every kv-aware
+	// variant (0: the router's default).
+	PrefillScale float64
 	// Progress draws a progress bar on stderr.
 	Progress bool
 	// Plots writes the PNG plots.
@@ -116,6 +119,8 @@ func (c *Config) Validate() error {
 		return invalid("--gpu-blocks=%d must be > 0 and --cpu-blocks=%d >= 0", c.GPUBlocks, c.CPUBlocks)
 	case c.EventDelay < 0:
 		return invalid("--event-delay=%v must not be negative", c.EventDelay)
+	case c.PrefillScale < 0:
+		return invalid("--prefill-scale=%v must not be negative", c.PrefillScale)
 	case c.TimeScale < 0:
 		return invalid("--time-scale=%v must not be negative", c.TimeScale)
 	}
@@ -208,6 +213,7 @@ func ParseFlags(args []string, out io.Writer, lookup func(string) (string, bool)
 	fs.BoolVar(&c.Quick, "quick", c.Quick, "small live run (chat, 4 workers, round-robin and kv-aware, 120 requests, --time-scale 0.25; under 2 minutes)")
 	fs.StringVar(&c.BinDir, "bin-dir", c.BinDir, "live: directory holding the fakeengine, indexer and router binaries")
 	fs.Float64Var(&c.TimeScale, "time-scale", c.TimeScale, "live: engines' --time-scale (simulated to wall time)")
+	fs.Float64Var(&c.PrefillScale, "prefill-scale", c.PrefillScale, "router --prefill-scale for the kv-aware variants (0: the router's default)")
 	fs.BoolVar(&c.Progress, "progress", c.Progress, "draw a progress bar on stderr")
 	fs.BoolVar(&c.Plots, "plots", c.Plots, "write the PNG plots")
 	fs.Usage = envflag.Usage(fs, EnvPrefix, "usage: routebench [--offline] --trace NAME|mooncake:FILE --workers N --policies p1,p2,... [--requests N] [--rate R] [--seed S] --out DIR")

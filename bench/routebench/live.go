@@ -220,6 +220,9 @@ func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate 
 	}
 	listen := fmt.Sprintf("127.0.0.1:%d", port)
 	args := append([]string{"--listen", listen, "--log-level", "warn", "--queue-size", "100000", "--queue-timeout", "10m"}, spec.liveArgs...)
+	if f.cfg.PrefillScale > 0 {
+		args = append(args, "--prefill-scale", strconv.FormatFloat(f.cfg.PrefillScale, 'g', -1, 64))
+	}
 	if !spec.liveNoIndexer {
 		args = append(args, "--indexer", f.grpc)
 	}

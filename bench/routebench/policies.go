@@ -14,7 +14,7 @@ const (
 	PolicyDynamoApprox     = "dynamo-approx"       // kv-aware without events: the router's own decisions only
 	PolicySGLang           = "sglang-cache-aware"  // SGLang router's cache_aware policy
 	PolicyLLMD             = "llm-d-weighted"      // llm-d: weighted prefix/queue/KV-utilization scorers, max-score picker
-	PolicyOracle           = "oracle"              // kv-aware cost on the engines' true caches and loads
+	PolicyOracle           = "oracle"              // least estimated TTFT from the engines' true caches and queues
 )
 
 // SGLang router cache_aware defaults (sglang router_args.py, current releases):
@@ -77,7 +77,7 @@ func specFor(name string) (policySpec, error) {
 	case PolicyLLMD:
 		return policySpec{name: name, index: true}, nil
 	case PolicyOracle:
-		return policySpec{name: name, routerPolicy: router.PolicyKVAware, oracle: true}, nil
+		return policySpec{name: name, oracle: true}, nil
 	}
 	if slices.Contains(router.Policies, name) {
 		return policySpec{name: name, routerPolicy: name, liveArgs: []string{"--router-policy", name}}, nil
@@ -126,6 +126,15 @@ func llmdPick(req *router.RouteRequest, cands []router.Candidate, tie func(int) 
 		}
 		c.Cost = -(llmdPrefixWeight*prefix + llmdQueueWeight*queue + llmdKVWeight*(1-c.Engine.KVUsage))
 		return -c.Cost
+	})
+}
+
+// oraclePick takes the candidate with the least estimated TTFT (its Cost, filled
+// from the engine's true state by the simulator), ties to fewer requests in
+// flight, then at random.
+func oraclePick(cands []router.Candidate, tie func(int) int) int {
+	return pickBest(cands, tie, func(c *router.Candidate, _ int) float64 {
+		return -(c.Cost + 1e-9*float64(c.Engine.Waiting+c.Engine.Running))
 	})
 }
 

@@ -131,6 +131,8 @@ type simulator struct {
 	sessions map[string]int
 	// treeTokens is SGLang's approximate tree size per worker.
 	treeTokens []int
+	// timing is the engines' cost model (the oracle's TTFT estimate).
+	timing fakeengine.Timing
 
 	reqs  []simRequest
 	byReq map[*fakeengine.SimRequest]int
@@ -148,6 +150,9 @@ func (s *simulator) now() time.Time { return epoch.Add(s.clock) }
 func newSimulator(cfg *Config, spec policySpec, tr traces.Trace) (*simulator, error) {
 	rcfg := router.DefaultConfig()
 	rcfg.Policy = spec.routerPolicy
+	if cfg.PrefillScale > 0 {
+		rcfg.PrefillScale = cfg.PrefillScale
+	}
 	s := &simulator{cfg: cfg, spec: spec, tr: tr, rng: rand.New(rand.NewPCG(cfg.Seed, 0x726f757465)),
 		index: radix.New(radix.Config{}), decoder: ingest.NewDecoder(1 << 30),
 		ns:   kvblock.Namespace{Model: simModel}.ID(),
@@ -158,6 +163,7 @@ func newSimulator(cfg *Config, spec policySpec, tr traces.Trace) (*simulator, er
 		treeTokens: make([]int, cfg.Workers),
 	}
 	s.applier = ingest.NewApplier(s.index)
+	s.timing = engineConfig(cfg, 0).Timing
 	if spec.routerPolicy != "" {
 		s.policy = router.NewPolicy(rcfg)
 	}
@@ -249,6 +255,8 @@ func (s *simulator) arrive(i int) error {
 		pick = sglangPick(route, cands, s.treeTokens, s.rng.IntN)
 	case s.spec.name == PolicyLLMD:
 		pick = llmdPick(route, cands, s.rng.IntN)
+	case s.spec.oracle:
+		pick = oraclePick(cands, s.rng.IntN)
 	default:
 		pick = s.policy.Pick(route, cands)
 	}
@@ -332,8 +340,17 @@ func (s *simulator) candidates(route *router.RouteRequest, engReq fakeengine.Req
 		c.SessionBound = hasSession && lastWorker == w && s.spec.routerPolicy == router.PolicyKVAware
 		switch {
 		case s.spec.oracle:
-			g, cpu := s.ranks[w].CachedPrefix(engReq)
+			// The engine's own timing model on its true state: the prefill queued
+			// ahead, this prompt's uncached part, CPU-tier loads, and the decode
+			// batch the first step shares.
+			rk := s.ranks[w]
+			g, cpu := rk.CachedPrefix(engReq)
 			c.Overlap = router.Overlap{GPU: g, CPU: cpu, Source: router.SourceIndex}
+			tm := s.timing
+			uncached := max(len(engReq.Prompt)-(g+cpu)*s.cfg.BlockSize, 1)
+			_, running, _ := rk.Load()
+			c.Cost = float64(time.Duration(rk.PendingPrefillTokens()+uncached)*tm.PrefillPerToken +
+				time.Duration(cpu*s.cfg.BlockSize)*tm.CPULoadPerToken + time.Duration(running)*tm.DecodePerSeq)
 		case s.spec.name == PolicySGLang:
 			c.Overlap = router.Overlap{GPU: approx[w], Source: router.SourceApproximate}
 		default:
