@@ -31,8 +31,8 @@ func TestAssetsAreSelfContained(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n < 4 {
-		t.Errorf("%d assets embedded, want at least the 4 of the indexer console", n)
+	if n < 6 {
+		t.Errorf("%d assets embedded, want the 6 of the two consoles", n)
 	}
 }
 
@@ -56,7 +56,7 @@ func TestAssetHandler(t *testing.T) {
 			t.Errorf("%s: no self-only Content-Security-Policy", tc.path)
 		}
 	}
-	for _, page := range []string{"indexer.html"} {
+	for _, page := range []string{"indexer.html", "router.html"} {
 		rec := httptest.NewRecorder()
 		ServePage(rec, page)
 		if rec.Code != 200 || !strings.Contains(rec.Body.String(), `<html lang="en">`) {

@@ -110,6 +110,7 @@ func (r *Router) serve(ctx context.Context, w http.ResponseWriter, p *prepared, 
 // record counts and logs a decision.
 func (r *Router) record(d *Decision, p *prepared, first bool) {
 	r.metrics.decisions.WithLabelValues(d.Policy, string(d.Source)).Inc()
+	r.ui.recent.add(d, p, r.now())
 	if first {
 		r.metrics.hitAvailable.Add(float64(d.Available))
 		r.metrics.hitCaptured.Add(float64(d.Captured))

@@ -49,6 +49,7 @@ type Router struct {
 	keyRules   keyRules
 	scraper    *engineScraper // nil without --scrape-engine-metrics
 	metrics    *metrics
+	ui         *routerUI // the console (ui.go)
 
 	eppAddr atomic.Value // string: the EPP's bound address, once listening
 
@@ -123,6 +124,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		r.metrics.indexerUp.Set(1)
 	}
 	r.wireMetrics()
+	r.ui = r.newUI()
 	return r, nil
 }
 
@@ -181,6 +183,7 @@ func (r *Router) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", r.handleReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
+	r.ui.register(mux)
 	return mux
 }
 
