@@ -93,6 +93,7 @@ PIDS+=($!)
 "$BIN/router" --listen "127.0.0.1:$RR_ROUTER" --router-policy round-robin \
   "${ROUTER_WORKERS[@]}" --log-level warn >"$WORK/router-rr.log" 2>&1 &
 PIDS+=($!)
+echo "   router consoles: http://127.0.0.1:$ROUTER/ui (kv-aware), http://127.0.0.1:$RR_ROUTER/ui (round-robin)"
 
 set +e
 python3 - "$MODEL" "$ENGINES" "$HTTP_BASE" "$IDX_HTTP" "$ROUTER" "$RR_ROUTER" "$WORK/result" <<'EOF'
