@@ -42,7 +42,20 @@ func TestUIStateAndDecisions(t *testing.T) {
 			t.Fatalf("request %d: %d %s", i, code, body)
 		}
 	}
-	st := getUIState(t, r.url)
+	// A request's load is released and its result counted just after its
+	// last byte left: wait until all five are done.
+	var st uiState
+	waitFor(t, 30*time.Second, "5 requests served and released", func() bool {
+		st = getUIState(t, r.url)
+		n := 0.0
+		for _, w := range st.Workers {
+			if w.InFlight != 0 || w.PrefillTokens != 0 || w.DecodeBlocks != 0 {
+				return false
+			}
+			n += w.Served
+		}
+		return n == 5
+	})
 	if st.Policy != PolicyKVAware || st.Indexer || len(st.Workers) != 3 || len(st.Models) != 1 {
 		t.Fatalf("state %+v", st)
 	}
