@@ -70,6 +70,16 @@ type Config struct {
 	// failed query before it asks again.
 	IndexerRetryAfter time.Duration
 
+	// Ledger shares load, decisions and session bindings with the other routers
+	// through the indexer leader (LoadService); on by default with --indexer.
+	Ledger         bool
+	LedgerInterval time.Duration
+	// RouterID names this router on the ledger; default host-pid.
+	RouterID string
+	// IndexerToken is sent as a bearer token on the ledger stream (the indexer's
+	// --admin-token, which LoadService requires when set).
+	IndexerToken string
+
 	Workers            []workerspec.Spec
 	WorkersFile        string
 	WorkersFromIndexer bool
@@ -146,6 +156,8 @@ func DefaultConfig() Config {
 		EPP:                      DefaultEPPConfig(),
 		IndexerTimeout:           20 * time.Millisecond,
 		IndexerRetryAfter:        time.Second,
+		Ledger:                   true,
+		LedgerInterval:           10 * time.Millisecond,
 		WorkersRefresh:           5 * time.Second,
 		BlockSize:                16,
 		TokenizeCacheBytes:       tokenize.DefaultCacheBytes,
@@ -206,7 +218,7 @@ func (c *Config) Validate() error {
 		flag string
 		v    time.Duration
 	}{
-		{"--indexer-timeout", c.IndexerTimeout}, {"--indexer-retry-after", c.IndexerRetryAfter},
+		{"--indexer-timeout", c.IndexerTimeout}, {"--indexer-retry-after", c.IndexerRetryAfter}, {"--ledger-interval", c.LedgerInterval},
 		{"--workers-refresh", c.WorkersRefresh}, {"--router-predicted-ttl", c.PredictedTTL},
 		{"--approx-ttl", c.ApproxTTL}, {"--session-ttl", c.SessionTTL}, {"--reservation-ttl", c.ReservationTTL},
 		{"--scrape-interval", c.ScrapeInterval}, {"--breaker-cooldown-s", c.BreakerCooldown},
@@ -329,6 +341,10 @@ func registerFlags(fs *flag.FlagSet, c *Config) {
 	fs.Var(commaList{&c.Indexer}, "indexer", "indexer gRPC `host:port[,host:port…]` (a cluster's members; the router follows the one that answers); empty: route on the router's own approximate index")
 	fs.DurationVar(&c.IndexerTimeout, "indexer-timeout", c.IndexerTimeout, "deadline of one indexer query; past it the request is routed on the predicted/approximate overlap")
 	fs.DurationVar(&c.IndexerRetryAfter, "indexer-retry-after", c.IndexerRetryAfter, "after a failed indexer query, route without the indexer for this long before asking again")
+	fs.BoolVar(&c.Ledger, "ledger", c.Ledger, "share load, decisions and session bindings with the other routers through the indexer leader (needs --indexer)")
+	fs.DurationVar(&c.LedgerInterval, "ledger-interval", c.LedgerInterval, "how often the router reports what changed of its load to the ledger")
+	fs.StringVar(&c.RouterID, "router-id", c.RouterID, "this router's name on the ledger (default host-pid)")
+	fs.StringVar(&c.IndexerToken, "indexer-token", c.IndexerToken, "bearer token for the ledger stream: the indexer's --admin-token, when it has one")
 	fs.Var((*workerspec.List)(&c.Workers), "worker", "a worker in the indexer's syntax `id=…,http=URL,model=M[,role=both|prefill|decode][,dp-size=N][,block-size=N][,label.k=v]` (repeatable; event keys are accepted and ignored)")
 	fs.StringVar(&c.WorkersFile, "workers-file", c.WorkersFile, "YAML `file` of workers (the indexer's layout), re-read when it changes")
 	fs.BoolVar(&c.WorkersFromIndexer, "workers-from-indexer", c.WorkersFromIndexer, "take the workers from the indexer's registry (kept current by polling and Watch)")

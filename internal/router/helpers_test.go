@@ -89,6 +89,12 @@ type indexer struct {
 
 func startIndexer(t testing.TB, f *fleet) *indexer {
 	t.Helper()
+	return startIndexerWith(t, f, nil)
+}
+
+// startIndexerWith is startIndexer with configure adjusting the indexer's config.
+func startIndexerWith(t testing.TB, f *fleet, configure func(*server.Config)) *indexer {
+	t.Helper()
 	cfg := server.DefaultConfig()
 	cfg.NodeID = "router-test"
 	cfg.DataDir = t.TempDir()
@@ -98,6 +104,9 @@ func startIndexer(t testing.TB, f *fleet) *indexer {
 	cfg.Ingest.PollInterval = 10 * time.Millisecond
 	cfg.Ingest.IdleReplayInterval = 50 * time.Millisecond
 	cfg.Tokenizers = tokenize.Specs{{Model: testModel, Dir: server.BuiltinTokenizer}}
+	if configure != nil {
+		configure(&cfg)
+	}
 	ix := &indexer{cfg: cfg}
 	ix.start(t)
 	return ix

@@ -26,9 +26,20 @@ type metrics struct {
 	indexerLatency  *prometheus.HistogramVec // result
 	reservationsTTL prometheus.Counter       //
 	pdLocalPrefill  *prometheus.CounterVec   // reason
+	ledgerConnected prometheus.Gauge
+	ledgerRouters   prometheus.Gauge
+	ledgerRebuild   prometheus.Histogram
+	ledgerMessages  *prometheus.CounterVec // direction
+	ledgerBytes     *prometheus.CounterVec // direction
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
+	return newMetricsWith(reg, nil)
+}
+
+// newMetricsWith registers the metrics; fleet, when not nil, refreshes the
+// scope="fleet" in-flight gauges right before each scrape.
+func newMetricsWith(reg prometheus.Registerer, fleet func(*prometheus.GaugeVec)) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvindex_router_requests_total",
 			Help: "Requests finished, by policy, result (ok, upstream_error, client_error, canceled, rejected, no_worker) and serving worker (empty when none)."},
@@ -51,7 +62,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Candidates filtered out before scoring, by reason (breaker, busy, full, retried)."},
 			[]string{"reason"}),
 		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvindex_router_worker_inflight",
-			Help: "Requests in flight per worker; scope=local counts this router's own."},
+			Help: "Requests in flight per worker; scope=local counts this router's own, scope=fleet all routers' (the ledger's view plus this router's live count)."},
 			[]string{"worker", "scope"}),
 		prefillTokens: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvindex_router_worker_prefill_tokens",
 			Help: "Uncached prompt tokens dispatched to the worker whose first byte has not arrived."},
@@ -83,9 +94,36 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		pdLocalPrefill: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvindex_router_pd_local_prefill_total",
 			Help: "Disaggregated requests prefilled on the decode worker, by reason (below_threshold, prefill_failed)."},
 			[]string{"reason"}),
+		ledgerConnected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvindex_router_ledger_connected",
+			Help: "1 while the router shares load through the indexer's ledger, 0 while it routes on its own load."}),
+		ledgerRouters: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvindex_router_ledger_routers",
+			Help: "Routers the ledger counts, as last pushed (this one included)."}),
+		ledgerRebuild: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvindex_router_ledger_rebuild_seconds",
+			Help:    "From losing the ledger stream (an election, a fault) to the first fleet view from the new leader.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12)}),
+		ledgerMessages: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvindex_router_ledger_messages_total",
+			Help: "Ledger stream messages by direction (sent, received)."}, []string{"direction"}),
+		ledgerBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvindex_router_ledger_bytes_total",
+			Help: "Ledger stream payload bytes (protobuf) by direction (sent, received)."}, []string{"direction"}),
 	}
+	var inflight prometheus.Collector = m.inflight
+	if fleet != nil {
+		inflight = refreshed{m.inflight, func() { fleet(m.inflight) }}
+	}
+	reg.MustRegister(m.ledgerConnected, m.ledgerRouters, m.ledgerRebuild, m.ledgerMessages, m.ledgerBytes)
 	reg.MustRegister(m.requests, m.decisions, m.overhead, m.retries, m.rejected, m.queueDepth, m.excluded,
-		m.inflight, m.prefillTokens, m.decodeBlocks, m.breakerState, m.breakerTrips, m.tokenParity,
+		inflight, m.prefillTokens, m.decodeBlocks, m.breakerState, m.breakerTrips, m.tokenParity,
 		m.hitAvailable, m.hitCaptured, m.indexerUp, m.indexerLatency, m.reservationsTTL, m.pdLocalPrefill)
 	return m
+}
+
+// refreshed is a collector that runs refresh before each collection.
+type refreshed struct {
+	prometheus.Collector
+	refresh func()
+}
+
+func (c refreshed) Collect(ch chan<- prometheus.Metric) {
+	c.refresh()
+	c.Collector.Collect(ch)
 }

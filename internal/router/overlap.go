@@ -109,6 +109,7 @@ func (r *Router) overlaps(ctx context.Context, p *prepared, groups ...[]Candidat
 				a = approx[i]
 			}
 			cands[i].Overlap = ChooseOverlap(p.indexed[targets[i]], p.indexOK, predicted[i], a)
+			cands[i].predicted = predicted[i]
 		}
 	}
 }

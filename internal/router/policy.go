@@ -54,6 +54,9 @@ type Candidate struct {
 	// flight on the target, and those of them still being prefilled there: work
 	// the request would share rather than add (siblings of a burst).
 	SharedActive, SharedPrefill int
+	// predicted is the prompt's leading blocks recent decisions (this router's or,
+	// through the ledger, another's) sent to the target.
+	predicted int
 
 	// Filled by the policy that picks.
 	Cost  float64

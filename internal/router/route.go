@@ -118,11 +118,10 @@ func (r *Router) pools(route *RouteRequest) (agg, prefill, decode *pool) {
 func (r *Router) candidates(p *pool, tried map[string]bool, excluded *[]Exclusion) ([]Candidate, error) {
 	var cands, broken []Candidate
 	busy := false
-	loads := r.ledger.Loads()
 	for _, w := range p.workers {
 		for rank := range w.Ranks {
 			t := Target{Worker: w.ID, Rank: rank}
-			c := Candidate{Worker: w, Rank: rank, Load: loads[t], Engine: r.engineLoad(t)}
+			c := Candidate{Worker: w, Rank: rank, Load: r.loadOf(t), Engine: r.engineLoad(t)}
 			reason := ""
 			switch {
 			case tried[w.ID]:
@@ -247,13 +246,22 @@ func (r *Router) refreshLoads(route *RouteRequest, cands []Candidate, excluded *
 	kept := cands[:0]
 	for _, c := range cands {
 		t := c.Target()
-		c.Load = r.ledger.Load(t)
+		c.Load = r.loadOf(t)
 		if reason := r.busyReason(c.Load); reason != "" {
 			*excluded = append(*excluded, Exclusion{Target: t, Reason: reason})
 			r.metrics.excluded.WithLabelValues(reason).Inc()
 			continue
 		}
 		c.SharedActive, c.SharedPrefill = r.ledger.Shared(t, route.Keys)
+		if remote := r.shared.remoteLoad(t); remote != (Load{}) && c.predicted > 0 {
+			// Other routers' load carries no block keys, but their recent decisions
+			// do: the prefix this request shares with them is counted in their load
+			// once per deciding router (at most what they hold), so a burst split
+			// over routers co-locates as it does through one.
+			others := r.shared.sharedByOthers(route.Keys, t)
+			c.SharedActive += min(others, remote.DecodeBlocks)
+			c.SharedPrefill += min(others, remote.PrefillTokens/route.BlockSize)
+		}
 		kept = append(kept, c)
 	}
 	if len(kept) == 0 {
@@ -285,6 +293,10 @@ func (r *Router) reserve(d *Decision, route *RouteRequest) {
 	}
 	if route.SessionKey != "" {
 		r.sessions.set(route.SessionKey, d.Target.Worker, now)
+	}
+	r.shared.queue(route.Keys, d.Target, route.SessionKey, r.cfg.PredictedTTL, r.cfg.SessionTTL)
+	if d.Prefill != nil {
+		r.shared.queue(route.Keys, *d.Prefill, "", r.cfg.PredictedTTL, r.cfg.SessionTTL)
 	}
 }
 
@@ -345,7 +357,7 @@ func (r *Router) decideDirect(p *prepared, d *Decision, dryRun bool, pools ...*p
 	}
 	d.Source, d.Reason = SourceDirect, "x-worker-instance-id header"
 	d.Target = r.leastLoadedRank(w)
-	d.Candidates = []Candidate{{Worker: w, Rank: d.Target.Rank, Load: r.ledger.Load(d.Target)}}
+	d.Candidates = []Candidate{{Worker: w, Rank: d.Target.Rank, Load: r.loadOf(d.Target)}}
 	if route.DirectPrefill != "" {
 		pw, err := find(route.DirectPrefill)
 		if err != nil {
@@ -353,7 +365,7 @@ func (r *Router) decideDirect(p *prepared, d *Decision, dryRun bool, pools ...*p
 		}
 		t := r.leastLoadedRank(pw)
 		d.Prefill = &t
-		d.PrefillCandidates = []Candidate{{Worker: pw, Rank: t.Rank, Load: r.ledger.Load(t)}}
+		d.PrefillCandidates = []Candidate{{Worker: pw, Rank: t.Rank, Load: r.loadOf(t)}}
 	}
 	if !dryRun {
 		r.pickMu.Lock()
@@ -369,7 +381,7 @@ func (r *Router) leastLoadedRank(w *Worker) Target {
 	bestLoad := -1
 	for rank := range w.Ranks {
 		t := Target{Worker: w.ID, Rank: rank}
-		if l := r.ledger.Load(t).InFlight; bestLoad < 0 || l < bestLoad {
+		if l := r.loadOf(t).InFlight; bestLoad < 0 || l < bestLoad {
 			best, bestLoad = t, l
 		}
 	}

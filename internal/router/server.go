@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	kvindex "github.com/kvindex/kvindex/clients/go"
@@ -48,6 +50,7 @@ type Router struct {
 	policy     Policy
 	keyRules   keyRules
 	scraper    *engineScraper // nil without --scrape-engine-metrics
+	shared     *fleetLedger   // nil without --indexer or with --ledger=false
 	metrics    *metrics
 	ui         *routerUI // the console (ui.go)
 
@@ -99,8 +102,8 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		recent:     newOverlay(cfg.PredictedTTL, cfg.ApproxTTL, cfg.OverlayMaxBlocks),
 		sessions:   newSessionMap(cfg.SessionTTL, cfg.OverlayMaxBlocks),
 		keyRules:   keyRules{explicitMax: cfg.ExplicitKeyMaxLength, systemMax: cfg.SystemSegmentMaxLength, documentMax: cfg.DocumentSegmentMaxLength},
-		metrics:    newMetrics(reg),
 	}
+	r.metrics = newMetricsWith(reg, r.refreshFleetInflight)
 	r.policy = NewPolicy(cfg)
 	if cfg.ScrapeEngineMetrics {
 		r.scraper = &engineScraper{loads: map[Target]EngineLoad{}}
@@ -122,6 +125,18 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 				r.metrics.indexerUp.Set(up)
 			}}
 		r.metrics.indexerUp.Set(1)
+		if cfg.Ledger {
+			id := cfg.RouterID
+			if id == "" {
+				host, _ := os.Hostname()
+				id = fmt.Sprintf("%s-%d", host, os.Getpid())
+			}
+			r.shared = &fleetLedger{r: r, id: id, addrs: cfg.Indexer, token: cfg.IndexerToken, interval: cfg.LedgerInterval,
+				conns: map[string]*grpc.ClientConn{}, routers: map[string]bool{},
+				others: newOverlay(cfg.PredictedTTL, cfg.PredictedTTL, cfg.OverlayMaxBlocks)}
+			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_router_ledger_staleness_seconds",
+				Help: "Age of the fleet view this router uses (time since the ledger's last push); -1 while disconnected."}, r.shared.staleness))
+		}
 	}
 	r.wireMetrics()
 	r.ui = r.newUI()
@@ -169,6 +184,26 @@ func (r *Router) wireMetrics() {
 		m.breakerTrips.WithLabelValues(w.ID)
 		m.inflight.WithLabelValues(w.ID, "local")
 		m.tokenParity.WithLabelValues(w.Model).Set(-1)
+	}
+}
+
+// loadOf is the load on t that decisions use: this router's own plus, with the
+// ledger, every other router's.
+func (r *Router) loadOf(t Target) Load {
+	return addLoad(r.ledger.Load(t), r.shared.remoteLoad(t))
+}
+
+// refreshFleetInflight sets kvindex_router_worker_inflight{scope="fleet"}: per
+// worker, this router's live count plus the others' from the ledger.
+func (r *Router) refreshFleetInflight(vec *prometheus.GaugeVec) {
+	local := r.ledger.Loads()
+	for _, w := range r.fleet.Workers() {
+		n := 0
+		for rank := range w.Ranks {
+			t := Target{Worker: w.ID, Rank: rank}
+			n += local[t].InFlight + r.shared.remoteLoad(t).InFlight
+		}
+		vec.WithLabelValues(w.ID, "fleet").Set(float64(n))
 	}
 }
 
@@ -237,6 +272,9 @@ func (r *Router) Run(ctx context.Context, l net.Listener) error {
 	goBG(func() { r.fleet.pollModels(bg, r.hc, r.cfg.WorkersRefresh) })
 	if r.scraper != nil {
 		goBG(func() { r.scraper.run(bg, r.hc, r.fleet, r.cfg.ScrapeInterval) })
+	}
+	if r.shared != nil {
+		goBG(func() { r.shared.run(bg) })
 	}
 	goBG(func() { r.watchParity(bg) })
 	if r.client != nil {
@@ -315,6 +353,9 @@ func (r *Router) every(ctx context.Context, period time.Duration, f func(context
 func (r *Router) close() {
 	if r.client != nil {
 		r.client.Close()
+	}
+	if r.shared != nil {
+		r.shared.close()
 	}
 	r.tcache.Close()
 	r.hc.CloseIdleConnections()

@@ -31,6 +31,7 @@ var wantAccess = map[string]access{
 	"/kvindex.v1.AdminService/Join":                                  accessAdmin,
 	"/kvindex.v1.AdminService/Leave":                                 accessAdmin,
 	"/kvindex.v1.AdminService/Snapshot":                              accessAdmin,
+	"/kvindex.v1.LoadService/Report":                                 accessAdmin, // reported load steers every router
 	"/indexer.v1.IndexerService/GetPodScores":                        accessPublic,
 	"/grpc.health.v1.Health/Check":                                   accessPublic,
 	"/grpc.health.v1.Health/List":                                    accessPublic,

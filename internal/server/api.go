@@ -32,6 +32,11 @@ type APIConfig struct {
 	// connection; MaxWatchStreams the Watch streams open at once (0: defaults).
 	MaxConcurrentStreams uint32
 	MaxWatchStreams      int
+	// LedgerLease, LedgerPushInterval and LedgerMaxRouters configure the routers'
+	// shared load ledger (LoadService); 0 takes the defaults.
+	LedgerLease        time.Duration
+	LedgerPushInterval time.Duration
+	LedgerMaxRouters   int
 	// HTTPWriteTimeout is how long writing one part of a REST dump may take (0:
 	// the server's own write timeout for the whole response).
 	HTTPWriteTimeout time.Duration
@@ -65,6 +70,7 @@ type API struct {
 	dumps            dumpSlot
 	maxStreams       uint32
 	watches          streamLimit
+	ledger           *loadLedger
 	writeTimeout     time.Duration
 }
 
@@ -98,6 +104,13 @@ func NewAPI(b Backend, cfg APIConfig, logger *slog.Logger) (*API, error) {
 	if a.metrics, err = newAPIMetrics(cfg.Registerer, b.Index()); err != nil {
 		return nil, err
 	}
+	lm, err := newLedgerMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	d := DefaultConfig()
+	a.ledger = newLoadLedger(cmp.Or(cfg.LedgerLease, d.LedgerLease), cmp.Or(cfg.LedgerPushInterval, d.LedgerPushInterval),
+		cmp.Or(cfg.LedgerMaxRouters, d.LedgerMaxRouters), lm, logger)
 	return a, nil
 }
 

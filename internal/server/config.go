@@ -81,6 +81,12 @@ type Config struct {
 	// (more: RESOURCE_EXHAUSTED).
 	GRPCMaxConcurrentStreams uint32
 	MaxWatchStreams          int
+	// The routers' shared load ledger (LoadService, held by the leader): how long
+	// a router's load counts after its stream ends, how often at most the fleet
+	// view is pushed, and how many routers it holds.
+	LedgerLease        time.Duration
+	LedgerPushInterval time.Duration
+	LedgerMaxRouters   int
 	// Tokenizers are the --tokenizer <model>=<dir> values ("builtin" as dir
 	// selects the byte-level tokenizer of the fake engine); FallbackTokenizer
 	// ("" or "builtin") serves models without one.
@@ -117,6 +123,9 @@ func DefaultConfig() Config {
 		HTTPIdleTimeout:          120 * time.Second,
 		GRPCMaxConcurrentStreams: 256,
 		MaxWatchStreams:          64,
+		LedgerLease:              10 * time.Second,
+		LedgerPushInterval:       15 * time.Millisecond,
+		LedgerMaxRouters:         256,
 		LogLevel:                 "info",
 		LogFormat:                "text",
 		Ingest:                   ingest.DefaultManagerConfig(),
@@ -161,6 +170,12 @@ func (c *Config) Validate() error {
 		return invalid("--ready-max-lag=%d must not be negative", c.ReadyMaxLag)
 	case c.MaxWatchStreams < 1:
 		return invalid("--max-watch-streams=%d must be at least 1", c.MaxWatchStreams)
+	case c.LedgerLease <= 0:
+		return invalid("--ledger-lease=%s must be positive", c.LedgerLease)
+	case c.LedgerPushInterval <= 0:
+		return invalid("--ledger-push-interval=%s must be positive", c.LedgerPushInterval)
+	case c.LedgerMaxRouters < 1:
+		return invalid("--ledger-max-routers=%d must be at least 1", c.LedgerMaxRouters)
 	case c.FallbackTokenizer != "" && c.FallbackTokenizer != BuiltinTokenizer:
 		return invalid("--fallback-tokenizer=%q must be empty or %q", c.FallbackTokenizer, BuiltinTokenizer)
 	}
@@ -293,6 +308,9 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.DurationVar(&cfg.HTTPIdleTimeout, "http-idle-timeout", cfg.HTTPIdleTimeout, "how long an idle keep-alive HTTP connection is kept open")
 	fs.Var(uint32Flag{&cfg.GRPCMaxConcurrentStreams}, "grpc-max-concurrent-streams", "most gRPC calls open at once on one connection (more wait for a free one)")
 	fs.IntVar(&cfg.MaxWatchStreams, "max-watch-streams", cfg.MaxWatchStreams, "most Watch streams open at once on this node (more: RESOURCE_EXHAUSTED)")
+	fs.DurationVar(&cfg.LedgerLease, "ledger-lease", cfg.LedgerLease, "routers' load ledger: how long a router's load still counts after its stream ended")
+	fs.DurationVar(&cfg.LedgerPushInterval, "ledger-push-interval", cfg.LedgerPushInterval, "routers' load ledger: shortest time between two fleet views pushed to a router")
+	fs.IntVar(&cfg.LedgerMaxRouters, "ledger-max-routers", cfg.LedgerMaxRouters, "routers' load ledger: most routers held (more: RESOURCE_EXHAUSTED)")
 	fs.Var(&tokenizerFlag{list: &cfg.Tokenizers, replaceOld: replaceLists}, "tokenizer",
 		"tokenizer of a model for text and chat prompts, repeatable, as `model=dir` (a Hugging Face tokenizer.json directory; dir \"builtin\": the fake engine's byte-level tokenizer)")
 	fs.StringVar(&cfg.FallbackTokenizer, "fallback-tokenizer", cfg.FallbackTokenizer, "tokenizer for models without --tokenizer: \"builtin\" or empty (text for such models is refused)")

@@ -49,6 +49,7 @@ func (a *API) GRPCServer(creds credentials.TransportCredentials, healthSrv *heal
 	kvindexv1.RegisterIndexServiceServer(s, indexService{a: a})
 	kvindexv1.RegisterAdminServiceServer(s, adminService{a: a})
 	indexerv1.RegisterIndexerServiceServer(s, llmdService{a: a})
+	kvindexv1.RegisterLoadServiceServer(s, loadService{a: a})
 	healthpb.RegisterHealthServer(s, healthSrv)
 	reflection.Register(s)
 	return s

@@ -127,6 +127,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 		DefaultBlockSize: cfg.Ingest.DefaultBlockSize, MaxPromptTokens: cfg.MaxPromptTokens,
 		MaxBodyBytes: cfg.MaxBodyBytes, AdminToken: cfg.AdminToken, Tokenizers: tokenizers, Fallback: fallback,
 		MaxConcurrentStreams: cfg.GRPCMaxConcurrentStreams, MaxWatchStreams: cfg.MaxWatchStreams,
+		LedgerLease: cfg.LedgerLease, LedgerPushInterval: cfg.LedgerPushInterval, LedgerMaxRouters: cfg.LedgerMaxRouters,
 		HTTPWriteTimeout: cfg.HTTPWriteTimeout,
 		Registerer:       s.reg, Gatherer: s.reg,
 	}, logger)

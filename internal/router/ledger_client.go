@@ -1,0 +1,336 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+	kvindex "github.com/kvindex/kvindex/clients/go"
+)
+
+// fleetLedger is the router's side of the shared load ledger (--ledger): one
+// Report stream to the indexer leader carrying this router's load per target
+// (what changed, every --ledger-interval) and the decisions and session
+// bindings it made; back come the other routers' summed loads and decisions.
+// A decision then sees local + remote load, so N routers route as one would,
+// and the other routers' predicted prefixes enter this router's overlay, so a
+// burst split over routers still co-locates.
+//
+// While the stream is down (no indexer, an election, a network fault) the
+// remote view is empty: the router routes on its own load, and
+// kvindex_router_ledger_connected says so. It re-opens the stream on the leader
+// (following not-leader answers) and re-sends its full state, which rebuilds the
+// leader's view within one round trip.
+//
+// Concurrency: remote is replaced whole (atomic pointer); the outbox has its own
+// mutex; one goroutine runs the stream.
+type fleetLedger struct {
+	r        *Router
+	id       string
+	addrs    []string
+	token    string
+	interval time.Duration
+
+	remote    atomic.Pointer[map[Target]Load] // nil while disconnected
+	connected atomic.Bool
+	lastPush  atomic.Int64 // unix nanoseconds of the last view received
+	downSince atomic.Int64 // unix nanoseconds the stream was lost; 0 while up or never up
+
+	// others remembers the other routers' recent decisions per deciding router
+	// (Target.Worker is "<worker>\x00<router id>"), to count a prefix they share
+	// with a request once per router, as each router's load counts it.
+	others *overlay
+
+	mu        sync.Mutex
+	predicted []*kvindexv1.PredictedPrefix // guarded by mu; bounded
+	sessions  []*kvindexv1.SessionBinding  // guarded by mu; bounded
+	conns     map[string]*grpc.ClientConn  // guarded by mu
+	routers   map[string]bool              // other routers seen deciding; guarded by mu
+}
+
+// maxOutbox bounds the decisions and bindings waiting to be reported.
+const maxOutbox = 4096
+
+// remoteLoad is the other routers' load on t (zero without the ledger).
+func (f *fleetLedger) remoteLoad(t Target) Load {
+	if f == nil {
+		return Load{}
+	}
+	if m := f.remote.Load(); m != nil {
+		return (*m)[t]
+	}
+	return Load{}
+}
+
+func addLoad(a, b Load) Load {
+	return Load{InFlight: a.InFlight + b.InFlight, PrefillTokens: a.PrefillTokens + b.PrefillTokens, DecodeBlocks: a.DecodeBlocks + b.DecodeBlocks}
+}
+
+// sharedByOthers is how many of keys' leading blocks the other routers' recent
+// decisions sent to t, summed over the routers: each router's reported load
+// counts such a shared prefix once.
+func (f *fleetLedger) sharedByOthers(keys []uint64, t Target) int {
+	if f == nil || len(keys) == 0 {
+		return 0
+	}
+	f.mu.Lock()
+	ids := make([]Target, 0, len(f.routers))
+	for id := range f.routers {
+		ids = append(ids, Target{Worker: t.Worker + "\x00" + id, Rank: t.Rank})
+	}
+	f.mu.Unlock()
+	matched := make([]int, len(ids))
+	f.others.Match(keys, ids, f.r.now(), matched, nil)
+	n := 0
+	for _, m := range matched {
+		n += m
+	}
+	return n
+}
+
+// queue records a decision and a session binding for the other routers.
+func (f *fleetLedger) queue(keys []uint64, t Target, sessionKey string, predictedTTL, sessionTTL time.Duration) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(keys) > 0 {
+		f.predicted = appendBounded(f.predicted, &kvindexv1.PredictedPrefix{Worker: t.Worker, DpRank: t.Rank, Keys: keys,
+			TtlMs: uint32(predictedTTL / time.Millisecond), RouterId: f.id})
+	}
+	if sessionKey != "" {
+		f.sessions = appendBounded(f.sessions, &kvindexv1.SessionBinding{Key: sessionKey, Worker: t.Worker,
+			TtlMs: uint32(sessionTTL / time.Millisecond)})
+	}
+}
+
+// appendBounded appends v and keeps the newest maxOutbox entries.
+func appendBounded[T any](q []T, v T) []T {
+	q = append(q, v)
+	if over := len(q) - maxOutbox; over > 0 {
+		q = append(q[:0], q[over:]...)
+	}
+	return q
+}
+
+func (f *fleetLedger) takeOutbox() ([]*kvindexv1.PredictedPrefix, []*kvindexv1.SessionBinding) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, s := f.predicted, f.sessions
+	f.predicted, f.sessions = nil, nil
+	return p, s
+}
+
+func (f *fleetLedger) conn(addr string) (*grpc.ClientConn, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if cc := f.conns[addr]; cc != nil {
+		return cc, nil
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	f.conns[addr] = cc
+	return cc, nil
+}
+
+func (f *fleetLedger) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, cc := range f.conns {
+		cc.Close()
+	}
+}
+
+// run keeps a stream to the leader open until ctx ends.
+func (f *fleetLedger) run(ctx context.Context) {
+	m := f.r.metrics
+	next := 0
+	addr := f.addrs[0]
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := f.session(ctx, addr)
+		if f.connected.Swap(false) {
+			f.downSince.Store(f.r.now().UnixNano())
+			backoff = 50 * time.Millisecond // it was up: reconnect at once
+		}
+		f.remote.Store(nil)
+		m.ledgerConnected.Set(0)
+		if ctx.Err() != nil {
+			return
+		}
+		if leader, ok := kvindex.NotLeader(err); ok && leader != "" {
+			addr = leader // follow the leader at once
+			continue
+		}
+		f.r.log.Debug("load ledger stream ended; routing on this router's own load", "indexer", addr, "err", err)
+		next = (next + 1) % len(f.addrs)
+		addr = f.addrs[next]
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// session runs one stream until it fails or ctx ends.
+func (f *fleetLedger) session(ctx context.Context, addr string) error {
+	cc, err := f.conn(addr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if f.token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+f.token)
+	}
+	stream, err := kvindexv1.NewLoadServiceClient(cc).Report(ctx)
+	if err != nil {
+		return err
+	}
+	m := f.r.metrics
+	send := func(rep *kvindexv1.ReportRequest) error {
+		m.ledgerMessages.WithLabelValues("sent").Inc()
+		m.ledgerBytes.WithLabelValues("sent").Add(float64(proto.Size(rep)))
+		return stream.Send(rep)
+	}
+	sent := f.r.ledger.Loads()
+	if err := send(&kvindexv1.ReportRequest{RouterId: f.id, Full: true, Loads: targetLoads(sent, nil)}); err != nil {
+		return recvErr(stream, err)
+	}
+	recvDone := make(chan error, 1)
+	go func() { recvDone <- f.receive(stream) }()
+	defer func() {
+		cancel()
+		<-recvDone // the stream's context ended: Recv returns
+	}()
+	tick := time.NewTicker(f.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-recvDone:
+			recvDone <- err // for the deferred wait
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		now := f.r.ledger.Loads()
+		loads := targetLoads(now, sent)
+		pred, sess := f.takeOutbox()
+		if len(loads)+len(pred)+len(sess) == 0 {
+			continue
+		}
+		if err := send(&kvindexv1.ReportRequest{RouterId: f.id, Loads: loads, Predicted: pred, Sessions: sess}); err != nil {
+			return recvErr(stream, err)
+		}
+		sent = now
+	}
+}
+
+// recvErr is the stream's real error after a failed Send (which only says EOF).
+func recvErr(stream kvindexv1.LoadService_ReportClient, err error) error {
+	if errors.Is(err, io.EOF) {
+		if _, rerr := stream.Recv(); rerr != nil {
+			return rerr
+		}
+	}
+	return err
+}
+
+// targetLoads lists the targets of now that differ from before (all of now when
+// before is nil), and zero loads for targets of before that now lacks.
+func targetLoads(now, before map[Target]Load) []*kvindexv1.TargetLoad {
+	var out []*kvindexv1.TargetLoad
+	for t, l := range now {
+		if b, ok := before[t]; before == nil || !ok || b != l {
+			out = append(out, &kvindexv1.TargetLoad{Worker: t.Worker, DpRank: t.Rank, InFlight: uint32(l.InFlight),
+				PrefillTokens: uint64(l.PrefillTokens), DecodeBlocks: uint64(l.DecodeBlocks)})
+		}
+	}
+	for t := range before {
+		if _, ok := now[t]; !ok {
+			out = append(out, &kvindexv1.TargetLoad{Worker: t.Worker, DpRank: t.Rank})
+		}
+	}
+	return out
+}
+
+// receive applies the leader's views until the stream ends.
+func (f *fleetLedger) receive(stream kvindexv1.LoadService_ReportClient) error {
+	m := f.r.metrics
+	view := map[Target]Load{}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		m.ledgerMessages.WithLabelValues("received").Inc()
+		m.ledgerBytes.WithLabelValues("received").Add(float64(proto.Size(resp)))
+		next := make(map[Target]Load, len(view)+len(resp.Loads))
+		if !resp.Full {
+			for t, l := range view {
+				next[t] = l
+			}
+		}
+		for _, tl := range resp.Loads {
+			t := Target{Worker: tl.Worker, Rank: tl.DpRank}
+			l := Load{InFlight: int(tl.InFlight), PrefillTokens: int(tl.PrefillTokens), DecodeBlocks: int(tl.DecodeBlocks)}
+			if l == (Load{}) {
+				delete(next, t)
+			} else {
+				next[t] = l
+			}
+		}
+		view = next
+		f.remote.Store(&next)
+		now := f.r.now()
+		f.lastPush.Store(now.UnixNano())
+		for _, p := range resp.Predicted {
+			f.r.recent.Record(p.Keys, Target{Worker: p.Worker, Rank: p.DpRank}, now)
+			f.others.Record(p.Keys, Target{Worker: p.Worker + "\x00" + p.RouterId, Rank: p.DpRank}, now)
+			f.mu.Lock()
+			if len(f.routers) < maxOutbox {
+				f.routers[p.RouterId] = true
+			}
+			f.mu.Unlock()
+		}
+		for _, s := range resp.Sessions {
+			f.r.sessions.set(s.Key, s.Worker, now)
+		}
+		m.ledgerRouters.Set(float64(resp.Routers))
+		if !f.connected.Swap(true) {
+			m.ledgerConnected.Set(1)
+			if down := f.downSince.Swap(0); down != 0 {
+				m.ledgerRebuild.Observe(now.Sub(time.Unix(0, down)).Seconds())
+			}
+		}
+	}
+}
+
+// staleness is how old the remote view is; -1 while disconnected.
+func (f *fleetLedger) staleness() float64 {
+	if !f.connected.Load() {
+		return -1
+	}
+	return f.r.now().Sub(time.Unix(0, f.lastPush.Load())).Seconds()
+}
+
+// String names the ledger's state for logs.
+func (f *fleetLedger) String() string {
+	return fmt.Sprintf("ledger(router %s, connected %v)", f.id, f.connected.Load())
+}

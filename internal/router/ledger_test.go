@@ -1,0 +1,250 @@
+package router
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/internal/server"
+)
+
+// startRouters starts n routers on the fleet sharing one indexer's ledger.
+func startRouters(t *testing.T, n int, f *fleet, ix *indexer, configure func(*Config)) []*testRouter {
+	var rs []*testRouter
+	for i := range n {
+		cfg := testConfig(t, f)
+		cfg.Indexer = []string{ix.addr}
+		cfg.IndexerTimeout = time.Second
+		cfg.RouterID = fmt.Sprintf("router-%d", i)
+		if configure != nil {
+			configure(&cfg)
+		}
+		rs = append(rs, startRouter(t, cfg))
+	}
+	for _, r := range rs {
+		waitFor(t, 20*time.Second, r.cfg.RouterID+" to join the ledger", func() bool { return r.shared.connected.Load() })
+	}
+	return rs
+}
+
+// sumLocal is every router's own in-flight count on t.
+func sumLocal(rs []*testRouter, t Target) int {
+	n := 0
+	for _, r := range rs {
+		n += r.ledger.Load(t).InFlight
+	}
+	return n
+}
+
+// Three routers in front of one fleet, requests sprayed over them: each router's
+// fleet-wide in-flight count per worker equals the sum of the three routers' own
+// counts (within a push interval, so polled), in decisions and in the
+// scope="fleet" gauge; and back to zero when the requests end.
+func TestRoutersShareTheirLoad(t *testing.T) {
+	f := startFleet(t, 3, func(_ int, c *fakeengine.Config) { c.Faults.HangBeforeFirstToken = 2 * time.Second })
+	ix := startIndexer(t, f)
+	rs := startRouters(t, 3, f, ix, func(c *Config) { c.Policy = PolicyRoundRobin })
+	var wg sync.WaitGroup
+	for i := range 7 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if code, _, raw := post(t, rs[i%3].url, "/v1/completions", completionBody(fmt.Sprintf("spray %d", i), 1)); code != http.StatusOK {
+				t.Errorf("request %d: %d %s", i, code, raw)
+			}
+		}()
+	}
+	targets := []Target{{Worker: "w0"}, {Worker: "w1"}, {Worker: "w2"}}
+	waitFor(t, 10*time.Second, "all 7 requests in flight", func() bool {
+		n := 0
+		for _, tg := range targets {
+			n += sumLocal(rs, tg)
+		}
+		return n == 7
+	})
+	for _, r := range rs {
+		waitFor(t, 5*time.Second, r.cfg.RouterID+"'s fleet view to equal the routers' sum", func() bool {
+			for _, tg := range targets {
+				if r.loadOf(tg).InFlight != sumLocal(rs, tg) {
+					return false
+				}
+				if g := testutil.ToFloat64(r.metrics.inflight.WithLabelValues(tg.Worker, "fleet")); int(g) != sumLocal(rs, tg) {
+					// the gauge is refreshed at scrape time
+					if _, err := r.reg.Gather(); err != nil {
+						t.Fatal(err)
+					}
+					return false
+				}
+			}
+			return true
+		})
+	}
+	wg.Wait()
+	for _, r := range rs {
+		waitFor(t, 5*time.Second, r.cfg.RouterID+"'s fleet view to empty", func() bool {
+			for _, tg := range targets {
+				if r.loadOf(tg).InFlight != 0 {
+					return false
+				}
+			}
+			return true
+		})
+	}
+}
+
+// A burst of siblings entering through three routers lands on one worker: the
+// routers share their decisions, so the second router already sees the first
+// one's prediction for the prefix.
+func TestBurstAcrossRoutersCoLocates(t *testing.T) {
+	f := startFleet(t, 4, func(_ int, c *fakeengine.Config) { c.Faults.HangBeforeFirstToken = time.Second })
+	ix := startIndexer(t, f)
+	rs := startRouters(t, 3, f, ix, nil)
+	prefix := words("burst-over-routers", 300)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if code, _, raw := post(t, rs[i%3].url, "/v1/completions", completionBody(fmt.Sprintf("%s sibling %d", prefix, i), 1)); code != http.StatusOK {
+				t.Errorf("sibling %d: %d %s", i, code, raw)
+			}
+		}()
+		// A burst as an agent fans out: siblings a few tens of milliseconds apart,
+		// more than the ledger's report + push latency.
+		time.Sleep(60 * time.Millisecond)
+	}
+	wg.Wait()
+	used := map[string]int{}
+	for _, r := range rs {
+		for _, id := range f.ids {
+			used[id] += r.servedCount(id)
+		}
+	}
+	busy := 0
+	for _, n := range used {
+		if n > 0 {
+			busy++
+		}
+	}
+	if busy != 1 {
+		t.Errorf("the burst through three routers went to %d workers (%v), want 1", busy, used)
+	}
+}
+
+var routerBinary struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// buildRouter builds bin/router once per test binary, to run as a process that
+// can be killed.
+func buildRouter(t *testing.T) string {
+	t.Helper()
+	routerBinary.once.Do(func() {
+		dir, err := os.MkdirTemp("", "kvindex-router-bin-")
+		if err != nil {
+			routerBinary.err = err
+			return
+		}
+		routerBinary.path = filepath.Join(dir, "router")
+		out, err := exec.Command("go", "build", "-o", routerBinary.path, "github.com/kvindex/kvindex/cmd/router").CombinedOutput()
+		if err != nil {
+			routerBinary.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if routerBinary.err != nil {
+		t.Fatal(routerBinary.err)
+	}
+	return routerBinary.path
+}
+
+// A router killed -9 cannot report its load gone: the others keep counting it
+// until its lease runs out on the leader, then stop.
+func TestKilledRouterLoadExpiresWithItsLease(t *testing.T) {
+	bin := buildRouter(t)
+	f := startFleet(t, 2, func(_ int, c *fakeengine.Config) { c.Faults.HangBeforeFirstToken = time.Minute })
+	ix := startIndexerWith(t, f, func(c *server.Config) { c.LedgerLease = 2 * time.Second })
+	rs := startRouters(t, 1, f, ix, nil)
+	survivor := rs[0]
+
+	l, err := listenFree()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--listen", l, "--indexer", ix.addr, "--router-id", "doomed", "--block-size", "4", "--log-level", "warn"}
+	for _, s := range f.specs(t) {
+		args = append(args, "--worker", s.String())
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	waitFor(t, 20*time.Second, "the doomed router to serve", func() bool {
+		resp, err := http.Get("http://" + l + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == http.StatusOK
+	})
+	for i := range 2 {
+		go http.Post("http://"+l+"/v1/completions", "application/json", strings.NewReader(completionBody(fmt.Sprintf("doomed %d", i), 1)))
+	}
+	remote := func() int {
+		return survivor.shared.remoteLoad(Target{Worker: "w0"}).InFlight + survivor.shared.remoteLoad(Target{Worker: "w1"}).InFlight
+	}
+	waitFor(t, 20*time.Second, "the survivor to see the doomed router's 2 requests", func() bool { return remote() == 2 })
+	expired := func() float64 { return counterValue(t, ix, "kvindex_ledger_leases_expired_total") }
+	before := expired()
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	waitFor(t, 30*time.Second, "the doomed router's load to expire", func() bool { return remote() == 0 })
+	if got := expired() - before; got != 1 {
+		t.Errorf("leases expired = %v, want 1 (the load must go by the lease, not by a report)", got)
+	}
+}
+
+// listenFree returns a loopback address nobody listens on now.
+func listenFree() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// counterValue reads one metric of the indexer's /metrics (summed over labels).
+func counterValue(t *testing.T, ix *indexer, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + ix.srv.HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	total := 0.0
+	for _, line := range strings.Split(string(body), "\n") {
+		if line == name || strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
+			var v float64
+			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+			total += v
+		}
+	}
+	return total
+}

@@ -1,0 +1,419 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+)
+
+// loadLedger is the shared load ledger of the routers (kvindex.v1.LoadService):
+// soft state held in memory by the leader, never written to the raft log, since
+// it changes with every request. Each router session reports its own load per
+// worker rank (absolute values, so a repeated or lost report cannot drift the
+// sums); the ledger keeps the per-target total over every live router and pushes
+// each router the total minus its own, at most once per push interval and at
+// least once a second. Decisions (predicted prefixes) and session bindings a
+// router reports are queued for every other router, bounded per router.
+//
+// Guarantees, written down for routers (docs/router.md): a router sees the other
+// routers' load as of at most one report interval + one push interval ago
+// (plus the network); while leadership moves, the stream ends with a not-leader
+// error and the router routes on its own load until the new leader has its full
+// report back, one round trip after it reconnects; a router that vanishes keeps
+// its load counted for the lease, then it is dropped.
+//
+// Concurrency: one mutex guards every router's state; each stream has a sender
+// goroutine that takes it briefly per push. Nothing blocks on a slow router but
+// its own stream.
+type loadLedger struct {
+	lease      time.Duration
+	push       time.Duration
+	maxRouters int
+	now        func() time.Time
+	log        *slog.Logger
+	metrics    *ledgerMetrics
+
+	mu      sync.Mutex
+	routers map[string]*ledgerRouter    // guarded by mu
+	total   map[ledgerTarget]ledgerLoad // guarded by mu; sum over routers
+	// changed is closed and replaced whenever total or a queue changes, waking
+	// the senders.
+	changed chan struct{} // guarded by mu
+}
+
+type ledgerTarget struct {
+	worker string
+	rank   uint32
+}
+
+type ledgerLoad struct {
+	inFlight              int64
+	prefillTokens, blocks int64
+}
+
+func (l ledgerLoad) add(o ledgerLoad, sign int64) ledgerLoad {
+	return ledgerLoad{l.inFlight + sign*o.inFlight, l.prefillTokens + sign*o.prefillTokens, l.blocks + sign*o.blocks}
+}
+
+// ledgerRouter is one router's state; guarded by loadLedger.mu.
+type ledgerRouter struct {
+	loads map[ledgerTarget]ledgerLoad
+	// session is the live stream's token; 0 while disconnected.
+	session    uint64
+	leaseUntil time.Time
+	predicted  []*kvindexv1.PredictedPrefix // queued for this router
+	sessions   []*kvindexv1.SessionBinding  // queued for this router
+}
+
+// Bounds of what one router can make the leader hold.
+const (
+	maxLedgerTargetsPerReport = 1 << 16
+	maxLedgerQueue            = 4096 // predictions or bindings queued per router
+	maxLedgerKeys             = 1 << 16
+)
+
+// ErrLedgerFull: more routers than --ledger-max-routers.
+var errLedgerFull = fmt.Errorf("%w: too many routers on the load ledger", ErrTooMany)
+
+type ledgerMetrics struct {
+	routers prometheus.Gauge
+	reports prometheus.Counter
+	pushes  prometheus.Counter
+	expired prometheus.Counter
+}
+
+func newLedgerMetrics(reg prometheus.Registerer) (*ledgerMetrics, error) {
+	m := &ledgerMetrics{
+		routers: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvindex_ledger_routers",
+			Help: "Routers whose load the ledger counts (live stream or unexpired lease); 0 on followers."}),
+		reports: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvindex_ledger_reports_total",
+			Help: "Load reports received from routers."}),
+		pushes: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvindex_ledger_pushes_total",
+			Help: "Fleet views pushed to routers."}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvindex_ledger_leases_expired_total",
+			Help: "Routers dropped because their stream was gone for the lease."}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.routers, m.reports, m.pushes, m.expired} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func newLoadLedger(lease, push time.Duration, maxRouters int, m *ledgerMetrics, log *slog.Logger) *loadLedger {
+	return &loadLedger{lease: lease, push: push, maxRouters: maxRouters, now: time.Now, log: log, metrics: m,
+		routers: map[string]*ledgerRouter{}, total: map[ledgerTarget]ledgerLoad{}, changed: make(chan struct{})}
+}
+
+func (l *loadLedger) wakeLocked() {
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// setLoadLocked sets one router's load on t, keeping the total in step.
+func (l *loadLedger) setLoadLocked(r *ledgerRouter, t ledgerTarget, v ledgerLoad) {
+	old := r.loads[t]
+	if old == v {
+		return
+	}
+	sum := l.total[t].add(old, -1).add(v, 1)
+	if sum == (ledgerLoad{}) {
+		delete(l.total, t)
+	} else {
+		l.total[t] = sum
+	}
+	if v == (ledgerLoad{}) {
+		delete(r.loads, t)
+	} else {
+		r.loads[t] = v
+	}
+}
+
+// dropLocked removes a router and its load.
+func (l *loadLedger) dropLocked(id string) {
+	r := l.routers[id]
+	for t := range r.loads {
+		l.setLoadLocked(r, t, ledgerLoad{})
+	}
+	delete(l.routers, id)
+	l.metrics.routers.Set(float64(len(l.routers)))
+	l.wakeLocked()
+}
+
+// expireLocked drops routers whose lease ran out.
+func (l *loadLedger) expireLocked(now time.Time) {
+	for id, r := range l.routers {
+		if r.session == 0 && !now.Before(r.leaseUntil) {
+			l.log.Info("router lease expired; its load no longer counts", "router", id)
+			l.dropLocked(id)
+			l.metrics.expired.Inc()
+		}
+	}
+}
+
+// open starts a router session from its first (full) report.
+func (l *loadLedger) open(first *kvindexv1.ReportRequest, session uint64) error {
+	if first.RouterId == "" || !first.Full {
+		return invalidArg("the first load report must name router_id and have full set")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.expireLocked(l.now())
+	r := l.routers[first.RouterId]
+	if r == nil {
+		if len(l.routers) >= l.maxRouters {
+			return fmt.Errorf("%w (%d)", errLedgerFull, l.maxRouters)
+		}
+		r = &ledgerRouter{loads: map[ledgerTarget]ledgerLoad{}}
+		l.routers[first.RouterId] = r
+		l.metrics.routers.Set(float64(len(l.routers)))
+	}
+	r.session = session // a reconnect replaces the old stream
+	return l.applyLocked(first.RouterId, r, first)
+}
+
+// report applies a router's report; it fails when the session was replaced.
+func (l *loadLedger) report(id string, session uint64, rep *kvindexv1.ReportRequest) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r := l.routers[id]
+	if r == nil || r.session != session {
+		return fmt.Errorf("%w: router %q reconnected on another stream", ErrFailedPrecondition, id)
+	}
+	return l.applyLocked(id, r, rep)
+}
+
+func (l *loadLedger) applyLocked(id string, r *ledgerRouter, rep *kvindexv1.ReportRequest) error {
+	if len(rep.Loads) > maxLedgerTargetsPerReport {
+		return invalidArg("a load report lists %d targets, more than %d", len(rep.Loads), maxLedgerTargetsPerReport)
+	}
+	l.metrics.reports.Inc()
+	if rep.Full {
+		listed := make(map[ledgerTarget]bool, len(rep.Loads))
+		for _, tl := range rep.Loads {
+			listed[ledgerTarget{tl.Worker, tl.DpRank}] = true
+		}
+		for t := range r.loads {
+			if !listed[t] {
+				l.setLoadLocked(r, t, ledgerLoad{})
+			}
+		}
+	}
+	for _, tl := range rep.Loads {
+		if tl.Worker == "" || len(tl.Worker) > MaxNameBytes {
+			return invalidArg("a load report names a worker of %d bytes", len(tl.Worker))
+		}
+		l.setLoadLocked(r, ledgerTarget{tl.Worker, tl.DpRank},
+			ledgerLoad{int64(tl.InFlight), int64(tl.PrefillTokens), int64(tl.DecodeBlocks)})
+	}
+	for _, p := range rep.Predicted {
+		if len(p.Keys) > maxLedgerKeys || p.Worker == "" || len(p.Worker) > MaxNameBytes {
+			return invalidArg("a predicted prefix with %d keys for worker %q", len(p.Keys), p.Worker)
+		}
+	}
+	for _, s := range rep.Sessions {
+		if s.Key == "" || len(s.Key) > MaxNameBytes || s.Worker == "" || len(s.Worker) > MaxNameBytes {
+			return invalidArg("a session binding with a key of %d bytes for worker %q", len(s.Key), s.Worker)
+		}
+	}
+	if len(rep.Predicted)+len(rep.Sessions) > 0 {
+		for other, o := range l.routers {
+			if other == id {
+				continue
+			}
+			o.predicted = appendBounded(o.predicted, rep.Predicted)
+			o.sessions = appendBounded(o.sessions, rep.Sessions)
+		}
+	}
+	l.wakeLocked()
+	return nil
+}
+
+// appendBounded appends and keeps the newest maxLedgerQueue entries.
+func appendBounded[T any](q, add []T) []T {
+	q = append(q, add...)
+	if over := len(q) - maxLedgerQueue; over > 0 {
+		q = append(q[:0], q[over:]...)
+	}
+	return q
+}
+
+// close ends a session; its load stays counted for the lease.
+func (l *loadLedger) close(id string, session uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r := l.routers[id]; r != nil && r.session == session {
+		r.session = 0
+		r.leaseUntil = l.now().Add(l.lease)
+		r.predicted, r.sessions = nil, nil
+	}
+}
+
+// view returns what router id should see: the total minus its own load, as the
+// changes against last (or whole, when last is nil), plus its queued messages.
+// It also returns the channel that the next change closes.
+func (l *loadLedger) view(id string, last map[ledgerTarget]ledgerLoad) (*kvindexv1.ReportResponse, map[ledgerTarget]ledgerLoad, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.expireLocked(l.now())
+	r := l.routers[id]
+	resp := &kvindexv1.ReportResponse{Routers: uint32(len(l.routers)), Full: last == nil}
+	next := make(map[ledgerTarget]ledgerLoad, len(l.total))
+	for t, sum := range l.total {
+		if r != nil {
+			sum = sum.add(r.loads[t], -1)
+		}
+		if sum != (ledgerLoad{}) {
+			next[t] = sum
+		}
+	}
+	for t, v := range next {
+		if last == nil || last[t] != v {
+			resp.Loads = append(resp.Loads, &kvindexv1.TargetLoad{Worker: t.worker, DpRank: t.rank,
+				InFlight: uint32(v.inFlight), PrefillTokens: uint64(v.prefillTokens), DecodeBlocks: uint64(v.blocks)})
+		}
+	}
+	for t := range last {
+		if _, still := next[t]; !still {
+			resp.Loads = append(resp.Loads, &kvindexv1.TargetLoad{Worker: t.worker, DpRank: t.rank})
+		}
+	}
+	if r != nil {
+		resp.Predicted, resp.Sessions = r.predicted, r.sessions
+		r.predicted, r.sessions = nil, nil
+	}
+	return resp, next, l.changed
+}
+
+// ledgerHeartbeat is the longest a router waits for a push, changed or not, so
+// it can tell a quiet fleet from a dead stream.
+const ledgerHeartbeat = time.Second
+
+// loadService implements kvindex.v1.LoadService.
+type loadService struct {
+	kvindexv1.UnimplementedLoadServiceServer
+	a *API
+}
+
+var ledgerSessions struct {
+	mu   sync.Mutex
+	next uint64
+}
+
+func nextLedgerSession() uint64 {
+	ledgerSessions.mu.Lock()
+	defer ledgerSessions.mu.Unlock()
+	ledgerSessions.next++
+	return ledgerSessions.next
+}
+
+// Report runs one router session; it ends with a not-leader error as soon as
+// this node is not (or no longer) the leader.
+func (s loadService) Report(stream kvindexv1.LoadService_ReportServer) error {
+	a := s.a
+	ctx := stream.Context()
+	if err := a.leaderOnly(ctx); err != nil {
+		return err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	l := a.ledger
+	session := nextLedgerSession()
+	if err := l.open(first, session); err != nil {
+		return err
+	}
+	id := first.RouterId
+	defer l.close(id, session)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() { // the reports
+		for {
+			rep, err := stream.Recv()
+			if err == nil {
+				err = l.report(id, session, rep)
+			}
+			if err != nil {
+				cancel(err)
+				return
+			}
+		}
+	}()
+	var last map[ledgerTarget]ledgerLoad
+	var version uint64
+	leaderCheck := time.NewTicker(250 * time.Millisecond)
+	defer leaderCheck.Stop()
+	for {
+		resp, next, changed := l.view(id, last)
+		version++
+		resp.Version = version
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+		l.metrics.pushes.Inc()
+		last = next
+		// Wait for a change (or the heartbeat), then at least the push interval.
+		heartbeat := time.NewTimer(ledgerHeartbeat)
+		select {
+		case <-changed:
+		case <-heartbeat.C:
+		case <-leaderCheck.C:
+			if err := a.leaderOnly(ctx); err != nil {
+				heartbeat.Stop()
+				return err
+			}
+		case <-ctx.Done():
+			heartbeat.Stop()
+			return ledgerEnd(ctx)
+		}
+		heartbeat.Stop()
+		select {
+		case <-time.After(l.push):
+		case <-ctx.Done():
+			return ledgerEnd(ctx)
+		}
+	}
+}
+
+// ledgerEnd is how a session ends when its context does: the reports' error,
+// nil when the router closed its side.
+func ledgerEnd(ctx context.Context) error {
+	err := context.Cause(ctx)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+// leaderOnly fails with a not-leader error naming the leader on a follower.
+func (a *API) leaderOnly(ctx context.Context) error {
+	cs, err := a.backend.Cluster(ctx, false)
+	if err != nil {
+		return err
+	}
+	if cs.LeaderID != "" && cs.LeaderID == cs.NodeID {
+		return nil
+	}
+	nl := &NotLeaderError{LeaderID: cs.LeaderID}
+	for _, m := range cs.Members {
+		if m.ID == cs.LeaderID {
+			nl.LeaderAddr = m.GRPCAddr
+		}
+	}
+	return nl
+}

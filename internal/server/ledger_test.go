@@ -1,0 +1,291 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
+	"github.com/kvindex/kvindex/internal/router"
+	"github.com/kvindex/kvindex/internal/workerspec"
+)
+
+// ledgerStream opens a LoadService stream on addr as a router would.
+func ledgerStream(t *testing.T, addr, token string) kvindexv1.LoadService_ReportClient {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	}
+	s, err := kvindexv1.NewLoadServiceClient(cc).Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// recvUntil reads views into view (applying full and partial pushes) until cond
+// holds of it.
+func recvUntil(t *testing.T, s kvindexv1.LoadService_ReportClient, view map[string]uint32, cond func(map[string]uint32) bool) {
+	t.Helper()
+	for !cond(view) {
+		resp, err := s.Recv()
+		if err != nil {
+			t.Fatalf("recv: %v (view %v)", err, view)
+		}
+		if resp.Full {
+			clear(view)
+		}
+		for _, l := range resp.Loads {
+			k := fmt.Sprintf("%s/%d", l.Worker, l.DpRank)
+			if l.InFlight == 0 {
+				delete(view, k)
+			} else {
+				view[k] = l.InFlight
+			}
+		}
+	}
+}
+
+// The leader sums the routers' reported loads per target and sends each router
+// the others' sum; a report replaces what it lists; a full report replaces all;
+// a second stream for the same router replaces the first; the first message must
+// be a full report with a router id; a token is needed when one is set.
+func TestLedgerSumsTheOtherRoutersLoad(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.AdminToken = "ledger-secret"
+	srv := runServer(t, cfg)
+	addr := srv.GRPCAddr()
+	waitForCond(t, 20*time.Second, "the node to lead", func() bool { return srv.node.IsLeader() && srv.backend.Ready() == nil })
+
+	a, b := ledgerStream(t, addr, "ledger-secret"), ledgerStream(t, addr, "ledger-secret")
+	load := func(w string, n uint32) *kvindexv1.TargetLoad {
+		return &kvindexv1.TargetLoad{Worker: w, InFlight: n, DecodeBlocks: uint64(10 * n)}
+	}
+	if err := a.Send(&kvindexv1.ReportRequest{RouterId: "a", Full: true, Loads: []*kvindexv1.TargetLoad{load("w0", 2), load("w1", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(&kvindexv1.ReportRequest{RouterId: "b", Full: true, Loads: []*kvindexv1.TargetLoad{load("w0", 3)}}); err != nil {
+		t.Fatal(err)
+	}
+	va, vb := map[string]uint32{}, map[string]uint32{}
+	recvUntil(t, a, va, func(v map[string]uint32) bool { return v["w0/0"] == 3 && len(v) == 1 })
+	recvUntil(t, b, vb, func(v map[string]uint32) bool { return v["w0/0"] == 2 && v["w1/0"] == 1 && len(v) == 2 })
+
+	// A partial report changes only what it lists; a zero clears.
+	if err := a.Send(&kvindexv1.ReportRequest{RouterId: "a", Loads: []*kvindexv1.TargetLoad{{Worker: "w1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	recvUntil(t, b, vb, func(v map[string]uint32) bool { return v["w0/0"] == 2 && len(v) == 1 })
+	// A full report drops what it does not list.
+	if err := a.Send(&kvindexv1.ReportRequest{RouterId: "a", Full: true, Loads: []*kvindexv1.TargetLoad{load("w2", 4)}}); err != nil {
+		t.Fatal(err)
+	}
+	recvUntil(t, b, vb, func(v map[string]uint32) bool { return v["w2/0"] == 4 && len(v) == 1 })
+
+	// Decisions reach the other routers, not the one that made them.
+	if err := b.Send(&kvindexv1.ReportRequest{RouterId: "b", Predicted: []*kvindexv1.PredictedPrefix{{Worker: "w0", Keys: []uint64{1, 2, 3}, TtlMs: 5000, RouterId: "b"}}}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		resp, err := a.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Predicted) == 1 && resp.Predicted[0].Worker == "w0" && len(resp.Predicted[0].Keys) == 3 {
+			break
+		}
+	}
+
+	// Bad first messages and missing tokens are refused.
+	for _, c := range []struct {
+		name  string
+		token string
+		first *kvindexv1.ReportRequest
+		code  codes.Code
+	}{
+		{"no token", "", &kvindexv1.ReportRequest{RouterId: "c", Full: true}, codes.Unauthenticated},
+		{"not full", "ledger-secret", &kvindexv1.ReportRequest{RouterId: "c"}, codes.InvalidArgument},
+		{"no id", "ledger-secret", &kvindexv1.ReportRequest{Full: true}, codes.InvalidArgument},
+	} {
+		s := ledgerStream(t, addr, c.token)
+		s.Send(c.first)
+		_, err := s.Recv()
+		if status.Code(err) != c.code {
+			t.Errorf("%s: %v, want %v", c.name, err, c.code)
+		}
+	}
+}
+
+// routerProc is an in-process router over real sockets.
+type routerProc struct {
+	r    *router.Router
+	url  string
+	stop func()
+}
+
+func startLedgerRouter(t *testing.T, id string, indexers []string, workers []workerspec.Spec) *routerProc {
+	t.Helper()
+	cfg := router.DefaultConfig()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Indexer = indexers
+	cfg.IndexerToken = clusterToken
+	cfg.IndexerTimeout = time.Second
+	cfg.RouterID = id
+	cfg.Workers = workers
+	cfg.BlockSize = 4
+	cfg.Policy = router.PolicyRoundRobin
+	cfg.WorkersRefresh = 100 * time.Millisecond
+	r, err := router.New(cfg, clusterLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx, l) }()
+	p := &routerProc{r: r, url: "http://" + l.Addr().String(), stop: func() { cancel(); <-done }}
+	t.Cleanup(p.stop)
+	return p
+}
+
+// metric reads one unlabelled-or-summed value of a /metrics page whose line
+// starts with prefix.
+func metric(t *testing.T, url, prefix string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	total := 0.0
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, prefix) {
+			var v float64
+			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+			total += v
+		}
+	}
+	return total
+}
+
+// Three routers route through a three-node indexer cluster; the leader is killed
+// mid-run. No request fails, and the new leader's ledger, rebuilt from the
+// routers' full reports, equals their live reservations.
+func TestLedgerSurvivesLeaderKill(t *testing.T) {
+	c := makeCluster(t, 3, nil)
+	var workers []workerspec.Spec
+	for i := range 2 {
+		ec := fakeenginetest.Config()
+		ec.Faults.HangBeforeFirstToken = 4 * time.Second
+		e := fakeenginetest.Start(t, ec)
+		workers = append(workers, workerspec.Spec{ID: fmt.Sprintf("w%d", i), Model: ec.Model, BlockSize: 4, HTTP: e.URL()})
+	}
+	var addrs []string
+	for _, cn := range c.nodes {
+		addrs = append(addrs, cn.srv.GRPCAddr())
+	}
+	var routers []*routerProc
+	for i := range 3 {
+		routers = append(routers, startLedgerRouter(t, fmt.Sprintf("r%d", i), addrs, workers))
+	}
+	for _, rp := range routers {
+		waitForCond(t, 20*time.Second, "routers on the ledger", func() bool { return metric(t, rp.url, "kvindex_router_ledger_connected") == 1 })
+	}
+	model := workers[0].Model
+	var wg sync.WaitGroup
+	var failed sync.Map
+	send := func(i int) {
+		defer wg.Done()
+		resp, err := http.Post(routers[i%3].url+"/v1/completions", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"request %d","max_tokens":1}`, model, i)))
+		if err != nil {
+			failed.Store(i, err.Error())
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			failed.Store(i, resp.Status)
+		}
+	}
+	for i := range 6 {
+		wg.Add(1)
+		go send(i)
+	}
+	old := c.leader(10 * time.Second)
+	c.kill(old)
+	for i := 6; i < 12; i++ {
+		wg.Add(1)
+		go send(i)
+	}
+	leader := c.leader(20 * time.Second)
+	// The routers' own live counts, and the new leader's view of them.
+	routersSay := func() map[string]int64 {
+		out := map[string]int64{}
+		for _, rp := range routers {
+			for _, w := range workers {
+				out[w.ID] += int64(metric(t, rp.url, `kvindex_router_worker_inflight{scope="local",worker="`+w.ID+`"}`))
+			}
+		}
+		return out
+	}
+	leaderSays := func() map[string]int64 {
+		l := leader.srv.api.ledger
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		out := map[string]int64{}
+		for _, w := range workers {
+			out[w.ID] = l.total[ledgerTarget{w.ID, 0}].inFlight
+		}
+		return out
+	}
+	waitForCond(t, 10*time.Second, "the new leader's ledger to equal the routers' reservations", func() bool {
+		r, l := routersSay(), leaderSays()
+		return fmt.Sprint(r) == fmt.Sprint(l) && r["w0"]+r["w1"] > 0
+	})
+	wg.Wait()
+	failed.Range(func(k, v any) bool {
+		t.Errorf("request %v failed: %v", k, v)
+		return true
+	})
+	for _, rp := range routers {
+		if n := metric(t, rp.url, "kvindex_router_ledger_rebuild_seconds_count"); n < 1 {
+			t.Errorf("%s: no ledger rebuild measured after the leader died", rp.url)
+		}
+	}
+}
+
+func waitForCond(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
