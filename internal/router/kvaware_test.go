@@ -23,6 +23,7 @@ func TestKVAwareFollowsTheCachedPrefix(t *testing.T) {
 	ix := startIndexer(t, f)
 	cfg := testConfig(t, f)
 	cfg.Indexer = []string{ix.addr}
+	cfg.IndexerTimeout = time.Second    // -race on busy cores; one missed 20 ms deadline routes 1 s without the index
 	cfg.PredictedTTL = time.Millisecond // decisions must come from the index here
 	cfg.MaxActiveDecodeBlocks = 150     // one long request in flight makes a worker busy
 	rt := startRouter(t, cfg)
