@@ -1,0 +1,351 @@
+package router
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvindex/kvindex/bench/fakeengine"
+)
+
+// breakerRig is a Breakers on a fake clock whose metric hooks are recorded.
+type breakerRig struct {
+	b      *Breakers
+	clk    *fakeClock
+	states []BreakerState // every state the hook saw, in order
+	trips  int
+}
+
+func newBreakerRig(threshold int, cooldown, maxCooldown time.Duration) *breakerRig {
+	g := &breakerRig{clk: newFakeClock()}
+	g.b = newBreakers(threshold, cooldown, maxCooldown, g.clk.Now)
+	g.b.onState = func(w string, s BreakerState) {
+		if w == "w" {
+			g.states = append(g.states, s)
+		}
+	}
+	g.b.onTrip = func(w string) {
+		if w == "w" {
+			g.trips++
+		}
+	}
+	return g
+}
+
+func (g *breakerRig) fail(n int) {
+	for range n {
+		g.b.Record("w", OutcomeFailure, g.b.Begin("w"))
+	}
+}
+
+func (g *breakerRig) wantState(t *testing.T, want BreakerState, wantCooldown time.Duration) {
+	t.Helper()
+	s, cd := g.b.State("w")
+	if s != want || cd != wantCooldown {
+		t.Fatalf("breaker is %s with cooldown %s, want %s with %s", s, cd, want, wantCooldown)
+	}
+}
+
+func TestBreakerTripsOnlyAfterThresholdConsecutiveFailures(t *testing.T) {
+	g := newBreakerRig(3, 5*time.Second, time.Minute)
+	g.fail(2)
+	g.b.Record("w", OutcomeSuccess, false) // resets the run of failures
+	g.fail(2)
+	if !g.b.Allows("w") || g.trips != 0 {
+		t.Fatalf("2 consecutive failures (after a success broke the run) excluded the worker: allows=%v trips=%d", g.b.Allows("w"), g.trips)
+	}
+	g.wantState(t, BreakerClosed, 5*time.Second)
+	g.fail(1)
+	if g.b.Allows("w") {
+		t.Fatal("3 consecutive failures: the worker is still allowed")
+	}
+	g.wantState(t, BreakerOpen, 5*time.Second)
+	if g.trips != 1 || fmt.Sprint(g.states) != "[open]" {
+		t.Fatalf("hooks saw trips=%d states=%v, want 1 trip and [open]", g.trips, g.states)
+	}
+	if !g.b.Allows("other") {
+		t.Fatal("another worker is excluded by w's breaker")
+	}
+}
+
+func TestBreakerAdmitsExactlyOneProbeAfterTheCooldownAndSuccessRestores(t *testing.T) {
+	g := newBreakerRig(3, 5*time.Second, time.Minute)
+	g.fail(3)
+	g.clk.Advance(5*time.Second - time.Millisecond)
+	if g.b.Allows("w") || g.b.Begin("w") {
+		t.Fatal("the worker is allowed (or probed) before its cooldown ended")
+	}
+	g.clk.Advance(time.Millisecond)
+	if !g.b.Allows("w") {
+		t.Fatal("the cooldown ended but no probe is allowed")
+	}
+	g.wantState(t, BreakerHalfOpen, 5*time.Second)
+	if !g.b.Begin("w") {
+		t.Fatal("the first dispatch after the cooldown is not the probe")
+	}
+	for i := range 3 {
+		if g.b.Allows("w") || g.b.Begin("w") {
+			t.Fatalf("check %d: a second request is admitted while the probe is in flight", i)
+		}
+	}
+	g.b.Record("w", OutcomeSuccess, true)
+	g.wantState(t, BreakerClosed, 5*time.Second)
+	if !g.b.Allows("w") || g.b.Begin("w") {
+		t.Fatal("after a successful probe the worker is not plainly allowed (or a non-probe counts as a probe)")
+	}
+	if got := fmt.Sprint(g.states); got != "[open half-open closed]" {
+		t.Fatalf("state hook saw %s, want [open half-open closed]", got)
+	}
+	// Restored means a full threshold again: two failures do not trip.
+	g.fail(2)
+	g.wantState(t, BreakerClosed, 5*time.Second)
+}
+
+func TestBreakerFailedProbeDoublesTheCooldownUpToTheMaximum(t *testing.T) {
+	g := newBreakerRig(3, 5*time.Second, 17*time.Second)
+	g.fail(3)
+	// Each failed probe doubles: 5s -> 10s -> 17s (capped) -> 17s.
+	for i, want := range []time.Duration{10 * time.Second, 17 * time.Second, 17 * time.Second} {
+		_, cd := g.b.State("w")
+		g.clk.Advance(cd)
+		if !g.b.Allows("w") {
+			t.Fatalf("probe %d: not allowed after the cooldown %s", i, cd)
+		}
+		probe := g.b.Begin("w")
+		if !probe {
+			t.Fatalf("probe %d: Begin did not return the probe", i)
+		}
+		g.b.Record("w", OutcomeFailure, probe)
+		g.wantState(t, BreakerOpen, want)
+		g.clk.Advance(want - time.Millisecond)
+		if g.b.Allows("w") {
+			t.Fatalf("probe %d failed: allowed again before the doubled cooldown %s", i, want)
+		}
+		g.clk.Advance(-(want - time.Millisecond))
+	}
+	if g.trips != 4 {
+		t.Fatalf("trips = %d, want 4 (the first trip and three failed probes)", g.trips)
+	}
+	// A successful probe resets the cooldown to the configured one.
+	g.clk.Advance(17 * time.Second)
+	g.b.Allows("w")
+	g.b.Record("w", OutcomeSuccess, g.b.Begin("w"))
+	g.wantState(t, BreakerClosed, 5*time.Second)
+	g.fail(3)
+	g.clk.Advance(5 * time.Second)
+	if !g.b.Allows("w") {
+		t.Fatal("after a restore and a new trip the cooldown is not back to 5s")
+	}
+}
+
+func TestBreakerNeverTripsOnNeutralOrClientErrorOutcomes(t *testing.T) {
+	for _, o := range []struct {
+		name    string
+		outcome Outcome
+	}{{"429 or cancel (neutral)", OutcomeNeutral}, {"4xx (success)", OutcomeSuccess}} {
+		t.Run(o.name, func(t *testing.T) {
+			g := newBreakerRig(3, 5*time.Second, time.Minute)
+			for range 100 {
+				g.b.Record("w", o.outcome, g.b.Begin("w"))
+			}
+			if !g.b.Allows("w") || g.trips != 0 {
+				t.Fatalf("100 outcomes %v excluded the worker (trips=%d)", o.outcome, g.trips)
+			}
+			g.wantState(t, BreakerClosed, 5*time.Second)
+		})
+	}
+}
+
+// A probe that ends neutral (429, cancelled by its client) says nothing: the
+// breaker stays half-open and the next request may probe.
+func TestBreakerNeutralProbeFreesTheProbeSlot(t *testing.T) {
+	g := newBreakerRig(3, 5*time.Second, time.Minute)
+	g.fail(3)
+	g.clk.Advance(5 * time.Second)
+	g.b.Allows("w")
+	g.b.Record("w", OutcomeNeutral, g.b.Begin("w"))
+	g.wantState(t, BreakerHalfOpen, 5*time.Second)
+	if !g.b.Allows("w") || !g.b.Begin("w") {
+		t.Fatal("after a neutral probe no new probe is admitted")
+	}
+}
+
+func TestBreakerThresholdZeroDisablesIt(t *testing.T) {
+	g := newBreakerRig(0, 5*time.Second, time.Minute)
+	g.fail(100)
+	if !g.b.Allows("w") || g.trips != 0 || len(g.states) != 0 {
+		t.Fatalf("threshold 0: allows=%v trips=%d states=%v after 100 failures, want allowed and no hook calls", g.b.Allows("w"), g.trips, g.states)
+	}
+}
+
+// --- end to end: real fake engines behind the router ---
+
+// breakerFleet is two engines, w0 failing every request with status, behind a
+// round-robin router whose breakers run on a fake clock (cooldown 5s, max 60s).
+func breakerFleet(t *testing.T, status int) (*testRouter, *fleet, map[string]*upstreamCounter, *fakeClock) {
+	t.Helper()
+	f := startFleet(t, 2, func(i int, c *fakeengine.Config) {
+		if i == 0 {
+			c.Faults = fakeengine.Faults{FailRate: 1, FailStatus: status}
+		}
+	})
+	cfg := testConfig(t, f)
+	cfg.Policy = PolicyRoundRobin
+	cfg.BreakerCooldown = 5 * time.Second
+	cfg.BreakerMaxCooldown = time.Minute
+	up := countUpstream(t, &cfg)
+	clk := newFakeClock()
+	rt := startRouterWith(t, cfg, func(r *Router) { r.breakers.now = clk.Now })
+	return rt, f, up, clk
+}
+
+func (r *testRouter) breakerState(w string) float64 {
+	return testutil.ToFloat64(r.metrics.breakerState.WithLabelValues(w))
+}
+
+func (r *testRouter) breakerTrips(w string) float64 {
+	return testutil.ToFloat64(r.metrics.breakerTrips.WithLabelValues(w))
+}
+
+// okUntil sends requests (each must succeed: a failure on w0 is retried on w1)
+// until cond holds, at most max of them.
+func okUntil(t *testing.T, rt *testRouter, max int, what string, cond func() bool) {
+	t.Helper()
+	for i := 0; !cond(); i++ {
+		if i == max {
+			t.Fatalf("%d requests and still not %s", max, what)
+		}
+		if code, _, raw := post(t, rt.url, "/v1/completions", completionBody(fmt.Sprintf("breaker probe %d", i), 2)); code != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, code, raw)
+		}
+	}
+}
+
+func TestBreakerEndToEndExcludesProbesAndRestoresAFailingWorker(t *testing.T) {
+	rt, f, up, clk := breakerFleet(t, http.StatusInternalServerError)
+
+	// Round-robin alternates, so w0 sees every other request; each of its 500s
+	// is retried on w1 and the client still gets a 200.
+	okUntil(t, rt, 10, "3 requests on w0", func() bool { return up["w0"].count() == 3 })
+	if s, n := rt.breakerState("w0"), rt.breakerTrips("w0"); s != float64(BreakerOpen) || n != 1 {
+		t.Fatalf("after 3 failures on w0: breaker_state=%v trips=%v, want 2 and 1", s, n)
+	}
+	if s := rt.breakerState("w1"); s != float64(BreakerClosed) {
+		t.Fatalf("healthy w1 breaker_state=%v, want 0", s)
+	}
+
+	// Open: nothing goes to w0 during the cooldown.
+	excludedBefore := testutil.ToFloat64(rt.metrics.excluded.WithLabelValues(ExcludeBreaker))
+	clk.Advance(5*time.Second - time.Millisecond)
+	before := up["w1"].count()
+	okUntil(t, rt, 6, "6 requests served", func() bool { return up["w1"].count() == before+6 })
+	if n := up["w0"].count(); n != 3 {
+		t.Fatalf("w0 received %d requests, want 3: it got traffic while its breaker was open", n)
+	}
+	if got := testutil.ToFloat64(rt.metrics.excluded.WithLabelValues(ExcludeBreaker)) - excludedBefore; got != 6 {
+		t.Fatalf("breaker exclusions while open = %v, want 6", got)
+	}
+
+	// Cooldown over: exactly one probe; it fails, the cooldown doubles to 10s.
+	clk.Advance(time.Millisecond)
+	okUntil(t, rt, 4, "the probe sent to w0", func() bool { return up["w0"].count() == 4 })
+	if s, n := rt.breakerState("w0"), rt.breakerTrips("w0"); s != float64(BreakerOpen) || n != 2 {
+		t.Fatalf("after the failed probe: breaker_state=%v trips=%v, want 2 and 2", s, n)
+	}
+	if _, cd := rt.breakers.State("w0"); cd != 10*time.Second {
+		t.Fatalf("cooldown after a failed probe = %s, want 10s", cd)
+	}
+	clk.Advance(5 * time.Second) // half the doubled cooldown
+	before = up["w1"].count()
+	okUntil(t, rt, 4, "4 requests served", func() bool { return up["w1"].count() == before+4 })
+	if n := up["w0"].count(); n != 4 {
+		t.Fatalf("w0 received %d requests, want 4: probed again before the doubled cooldown ended", n)
+	}
+
+	// The engine heals; the next probe succeeds and restores it.
+	if err := f.engines["w0"].SetFaults(fakeengine.Faults{FailStatus: http.StatusInternalServerError}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(5 * time.Second)
+	okUntil(t, rt, 4, "the second probe sent to w0", func() bool { return up["w0"].count() == 5 })
+	if s := rt.breakerState("w0"); s != float64(BreakerClosed) {
+		t.Fatalf("after a successful probe breaker_state=%v, want 0", s)
+	}
+	if _, cd := rt.breakers.State("w0"); cd != 5*time.Second {
+		t.Fatalf("cooldown after the restore = %s, want 5s again", cd)
+	}
+	// Restored: round-robin gives it every other request again.
+	b0, b1 := up["w0"].count(), up["w1"].count()
+	okUntil(t, rt, 4, "4 requests served", func() bool { return up["w0"].count()+up["w1"].count() == b0+b1+4 })
+	if d0, d1 := up["w0"].count()-b0, up["w1"].count()-b1; d0 != 2 || d1 != 2 {
+		t.Fatalf("after the restore 4 requests went w0:%d w1:%d, want 2:2", d0, d1)
+	}
+	rt.assertNoLoad(t, f.ids)
+}
+
+func TestBreakerEndToEndA429WorkerNeverTrips(t *testing.T) {
+	rt, f, up, _ := breakerFleet(t, http.StatusTooManyRequests)
+	okUntil(t, rt, 30, "10 requests on w0", func() bool { return up["w0"].count() == 10 })
+	if s, n := rt.breakerState("w0"), rt.breakerTrips("w0"); s != float64(BreakerClosed) || n != 0 {
+		t.Fatalf("after 10 429s: breaker_state=%v trips=%v, want 0 and 0", s, n)
+	}
+	if got := testutil.ToFloat64(rt.metrics.retries.WithLabelValues("status_429")); got != 10 {
+		t.Fatalf("retries on 429 = %v, want 10", got)
+	}
+	rt.assertNoLoad(t, f.ids)
+}
+
+func TestBreakerEndToEndAllOpenStillDispatches(t *testing.T) {
+	f := startFleet(t, 2, func(_ int, c *fakeengine.Config) {
+		c.Faults = fakeengine.Faults{FailRate: 1, FailStatus: http.StatusInternalServerError}
+	})
+	cfg := testConfig(t, f)
+	cfg.Policy = PolicyRoundRobin
+	up := countUpstream(t, &cfg)
+	clk := newFakeClock() // never advanced: the breakers stay open
+	rt := startRouterWith(t, cfg, func(r *Router) { r.breakers.now = clk.Now })
+
+	// Every request fails on one worker and is retried on the other: after 3
+	// requests both breakers are open.
+	for i := range 3 {
+		if code, _, raw := post(t, rt.url, "/v1/completions", completionBody(fmt.Sprintf("all fail %d", i), 2)); code != http.StatusInternalServerError {
+			t.Fatalf("request %d: %d %s, want the engines' 500", i, code, raw)
+		}
+	}
+	for _, w := range f.ids {
+		if s := rt.breakerState(w); s != float64(BreakerOpen) {
+			t.Fatalf("%s breaker_state=%v, want 2", w, s)
+		}
+	}
+	before := counts(up)
+	code, _, raw := post(t, rt.url, "/v1/completions", completionBody("every breaker open", 2))
+	if code == http.StatusServiceUnavailable || code != http.StatusInternalServerError {
+		t.Fatalf("with every breaker open: %d %s, want the request dispatched (the engines' 500), not 503", code, raw)
+	}
+	if after := counts(up); after["w0"]+after["w1"] <= before["w0"]+before["w1"] {
+		t.Fatalf("with every breaker open nothing reached an engine (%v -> %v)", before, after)
+	}
+
+	// Healed engines: a request dispatched to an open worker succeeds and closes it.
+	for _, w := range f.ids {
+		if err := f.engines[w].SetFaults(fakeengine.Faults{FailStatus: http.StatusInternalServerError}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, _, raw := post(t, rt.url, "/v1/completions", completionBody("healed", 2)); code != http.StatusOK {
+		t.Fatalf("after healing: %d %s", code, raw)
+	}
+	closed := 0
+	for _, w := range f.ids {
+		if rt.breakerState(w) == float64(BreakerClosed) {
+			closed++
+		}
+	}
+	if closed != 1 {
+		t.Fatalf("%d breakers closed after one successful request to an open worker, want 1", closed)
+	}
+	rt.assertNoLoad(t, f.ids)
+}

@@ -1,0 +1,119 @@
+package router
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeClock is a settable clock for the breaker, the ledger and the overlays.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// upstreamCounter sits between the router and one engine and counts the
+// generation requests (POST /v1/...) that reach it, and the most that were in
+// flight at once. Polls of /v1/models, /tokenize and /metrics are not counted.
+type upstreamCounter struct {
+	srv      *httptest.Server
+	posts    atomic.Int64
+	inflight atomic.Int64
+	maxIn    atomic.Int64
+}
+
+func (u *upstreamCounter) count() int { return int(u.posts.Load()) }
+
+// countUpstream puts an upstreamCounter in front of every worker of cfg and
+// returns them by worker id.
+func countUpstream(t *testing.T, cfg *Config) map[string]*upstreamCounter {
+	t.Helper()
+	out := map[string]*upstreamCounter{}
+	for i := range cfg.Workers {
+		target, err := url.Parse(cfg.Workers[i].HTTP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rp := httputil.NewSingleHostReverseProxy(target)
+		rp.FlushInterval = -1
+		u := &upstreamCounter{}
+		u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/v1/") {
+				u.posts.Add(1)
+				n := u.inflight.Add(1)
+				defer u.inflight.Add(-1)
+				for {
+					m := u.maxIn.Load()
+					if n <= m || u.maxIn.CompareAndSwap(m, n) {
+						break
+					}
+				}
+			}
+			rp.ServeHTTP(w, r)
+		}))
+		t.Cleanup(u.srv.Close)
+		cfg.Workers[i].HTTP = u.srv.URL
+		out[cfg.Workers[i].ID] = u
+	}
+	return out
+}
+
+// startRouterWith is startRouter with a hook that may adjust the Router (e.g.
+// inject a fake clock) before it serves anything.
+func startRouterWith(t *testing.T, cfg Config, adjust func(*Router)) *testRouter {
+	t.Helper()
+	r, err := New(cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if adjust != nil {
+		adjust(r)
+	}
+	l, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx, l) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("router: %v", err)
+		}
+	})
+	return &testRouter{Router: r, url: "http://" + l.Addr().String()}
+}
+
+// counts returns each counter's count.
+func counts(us map[string]*upstreamCounter) map[string]int {
+	out := map[string]int{}
+	for id, u := range us {
+		out[id] = u.count()
+	}
+	return out
+}
