@@ -1,0 +1,142 @@
+package router
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+var (
+	ovA = Target{Worker: "a"}
+	ovB = Target{Worker: "b"}
+	ovC = Target{Worker: "c"}
+	ovD = Target{Worker: "a", Rank: 1}
+)
+
+func match(o *overlay, keys []uint64, now time.Time, targets ...Target) []int {
+	out := make([]int, len(targets))
+	o.Match(keys, targets, now, out)
+	return out
+}
+
+// A target's match is the run of leading keys it holds: a later key it holds
+// after a gap does not count.
+func TestOverlayMatchCountsLeadingBlocksPerTarget(t *testing.T) {
+	now := newFakeClock().Now()
+	o := newOverlay(5*time.Second, 1000)
+	o.Record([]uint64{1, 2, 3}, ovA, now)
+	o.Record([]uint64{1, 2}, ovB, now)
+	o.Record([]uint64{2, 3, 4}, ovC, now) // not the prompt's first block
+	o.Record([]uint64{1}, ovD, now)       // another rank of worker a
+	got := match(o, []uint64{1, 2, 3, 4}, now, ovA, ovB, ovC, ovD)
+	if fmt.Sprint(got) != "[3 2 0 1]" {
+		t.Fatalf("matches = %v, want [3 2 0 1]", got)
+	}
+	if got := match(o, []uint64{9, 1, 2}, now, ovA, ovB); fmt.Sprint(got) != "[0 0]" {
+		t.Fatalf("a prompt whose first block nobody holds matched %v", got)
+	}
+	// The output is reset: stale values in out do not leak into a new match.
+	out := []int{7, 7}
+	o.Match([]uint64{5}, []Target{ovA, ovB}, now, out)
+	if fmt.Sprint(out) != "[0 0]" {
+		t.Fatalf("out = %v after matching an unknown key, want zeros", out)
+	}
+}
+
+func TestOverlayMarksExpireAfterTheTTL(t *testing.T) {
+	clk := newFakeClock()
+	o := newOverlay(5*time.Second, 1000)
+	o.Record([]uint64{1, 2}, ovA, clk.Now())
+	clk.Advance(2 * time.Second)
+	o.Record([]uint64{1}, ovB, clk.Now())
+	clk.Advance(3*time.Second - time.Nanosecond)
+	if got := match(o, []uint64{1, 2}, clk.Now(), ovA, ovB); fmt.Sprint(got) != "[2 1]" {
+		t.Fatalf("just before a's TTL: %v, want [2 1]", got)
+	}
+	clk.Advance(time.Nanosecond)
+	if got := match(o, []uint64{1, 2}, clk.Now(), ovA, ovB); fmt.Sprint(got) != "[0 1]" {
+		t.Fatalf("at a's TTL: %v, want [0 1]", got)
+	}
+	if n := o.Len(); n != 1 {
+		t.Fatalf("Len = %d after a's marks expired, want 1", n)
+	}
+	clk.Advance(2 * time.Second)
+	if got := match(o, []uint64{1}, clk.Now(), ovB); got[0] != 0 || o.Len() != 0 {
+		t.Fatalf("after every TTL: match %v, Len %d, want 0 and 0", got, o.Len())
+	}
+}
+
+func TestOverlayBoundDropsTheOldestMarksFirst(t *testing.T) {
+	clk := newFakeClock()
+	o := newOverlay(time.Hour, 4)
+	o.Record([]uint64{1, 2}, ovA, clk.Now())
+	clk.Advance(time.Second)
+	o.Record([]uint64{3, 4}, ovB, clk.Now())
+	clk.Advance(time.Second)
+	o.Record([]uint64{5}, ovC, clk.Now()) // drops (1, a)
+	if n := o.Len(); n != 4 {
+		t.Fatalf("Len = %d, want the bound 4", n)
+	}
+	now := clk.Now()
+	if got := match(o, []uint64{1, 2}, now, ovA); got[0] != 0 {
+		t.Fatalf("the oldest mark (1, a) survived the bound: match %v", got)
+	}
+	if got := match(o, []uint64{3, 4}, now, ovB); got[0] != 2 {
+		t.Fatalf("(3, 4) on b: match %v, want 2", got)
+	}
+	if got := match(o, []uint64{5}, now, ovC); got[0] != 1 {
+		t.Fatalf("the newest mark (5, c): match %v, want 1", got)
+	}
+	// Keep adding: the bound holds and the newest always survive.
+	for k := uint64(10); k < 1000; k++ {
+		clk.Advance(time.Millisecond)
+		o.Record([]uint64{k}, ovA, clk.Now())
+	}
+	if n := o.Len(); n != 4 {
+		t.Fatalf("Len = %d after many records, want 4", n)
+	}
+	now = clk.Now()
+	for k := uint64(996); k < 1000; k++ {
+		if got := match(o, []uint64{k}, now, ovA); got[0] != 1 {
+			t.Fatalf("recent key %d lost", k)
+		}
+	}
+	if got := match(o, []uint64{995}, now, ovA); got[0] != 0 {
+		t.Fatal("key 995 is beyond the bound but still matches")
+	}
+}
+
+// A mark renewed by a later Record survives when its first fifo entry is dropped
+// (by the bound or by its old expiry).
+func TestOverlayRenewedMarkSurvivesItsOldEntry(t *testing.T) {
+	clk := newFakeClock()
+	o := newOverlay(5*time.Second, 3)
+	o.Record([]uint64{1}, ovA, clk.Now()) // entry 1 (old expiry)
+	clk.Advance(time.Second)
+	o.Record([]uint64{2}, ovA, clk.Now())
+	clk.Advance(time.Second)
+	o.Record([]uint64{1}, ovA, clk.Now()) // renews (1, a)
+	clk.Advance(time.Second)
+	o.Record([]uint64{3}, ovA, clk.Now()) // the bound drops entry 1
+	if got := match(o, []uint64{1}, clk.Now(), ovA); got[0] != 1 {
+		t.Fatal("the renewed mark (1, a) was dropped with its old entry")
+	}
+	if got := match(o, []uint64{2}, clk.Now(), ovA); got[0] != 1 {
+		t.Fatal("(2, a) was dropped though it is not the oldest entry")
+	}
+
+	// Expiry: renewed at +2s, the mark lives until +7s, past its first expiry (+5s).
+	clk2 := newFakeClock()
+	o2 := newOverlay(5*time.Second, 100)
+	o2.Record([]uint64{1}, ovA, clk2.Now())
+	clk2.Advance(2 * time.Second)
+	o2.Record([]uint64{1}, ovA, clk2.Now())
+	clk2.Advance(4 * time.Second) // +6s
+	if got := match(o2, []uint64{1}, clk2.Now(), ovA); got[0] != 1 {
+		t.Fatal("a renewed mark expired at its first expiry")
+	}
+	clk2.Advance(time.Second) // +7s
+	if got := match(o2, []uint64{1}, clk2.Now(), ovA); got[0] != 0 {
+		t.Fatal("a renewed mark outlived its renewed expiry")
+	}
+}
