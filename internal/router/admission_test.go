@@ -1,0 +1,294 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvindex/kvindex/bench/fakeengine"
+)
+
+// slots is a fake fleet for the admission queue: decide succeeds while a slot is
+// free; freeing one wakes the waiters (as the ledger's Changed does).
+type slots struct {
+	mu      sync.Mutex
+	free    int
+	changed chan struct{}
+	calls   map[string]int // decide calls per waiter
+}
+
+func newSlots() *slots { return &slots{changed: make(chan struct{}), calls: map[string]int{}} }
+
+func (s *slots) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}
+
+func (s *slots) release(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.free += n
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func (s *slots) decide(name string) func() (*Decision, error) {
+	return func() (*Decision, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.calls[name]++
+		if s.free == 0 {
+			return nil, errBusy
+		}
+		s.free--
+		return &Decision{Reason: name}, nil
+	}
+}
+
+func (s *slots) callsOf(name string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls[name]
+}
+
+type admitResult struct {
+	name string
+	d    *Decision
+	err  error
+}
+
+// waiters starts the named waiters one after another, each enqueued before the
+// next starts, and returns where their results arrive.
+func startWaiters(t *testing.T, a *admission, s *slots, ctxs map[string]context.Context, names ...string) <-chan admitResult {
+	t.Helper()
+	out := make(chan admitResult, len(names))
+	for i, name := range names {
+		ctx := ctxs[name]
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		go func() {
+			d, err := a.admit(ctx, s.Changed, s.decide(name))
+			out <- admitResult{name, d, err}
+		}()
+		waitFor(t, 5*time.Second, fmt.Sprintf("%s to be queued", name), func() bool { return a.depth() == i+1 })
+	}
+	return out
+}
+
+func TestAdmissionServesWaitersInArrivalOrderAndOnlyTheHeadDecides(t *testing.T) {
+	a := newAdmission(8, time.Minute)
+	var mu sync.Mutex
+	var depths []int
+	a.onDepth = func(n int) { mu.Lock(); depths = append(depths, n); mu.Unlock() }
+	s := newSlots()
+	res := startWaiters(t, a, s, nil, "first", "second", "third")
+	for i, want := range []string{"first", "second", "third"} {
+		// Waiters behind the head never retry their decision.
+		for _, behind := range []string{"first", "second", "third"}[i+1:] {
+			if n := s.callsOf(behind); n != 1 {
+				t.Fatalf("%s (not head) decided %d times, want only its first try", behind, n)
+			}
+		}
+		s.release(1)
+		r := <-res
+		if r.err != nil || r.name != want || r.d.Reason != want {
+			t.Fatalf("admission %d: %s got (%v, %v), want %s admitted", i, r.name, r.d, r.err, want)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := fmt.Sprint(depths); got != "[1 2 3 2 1 0]" {
+		t.Fatalf("depth hook saw %s, want [1 2 3 2 1 0]", got)
+	}
+}
+
+func TestAdmissionRefusesBeyondTheQueueSize(t *testing.T) {
+	s := newSlots()
+	if _, err := newAdmission(0, time.Minute).admit(context.Background(), s.Changed, s.decide("x")); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("queue size 0: %v, want ErrQueueFull", err)
+	}
+	a := newAdmission(2, time.Minute)
+	res := startWaiters(t, a, s, nil, "a", "b")
+	if _, err := a.admit(context.Background(), s.Changed, s.decide("c")); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("third waiter on a queue of 2: %v, want ErrQueueFull", err)
+	}
+	if a.depth() != 2 {
+		t.Fatalf("depth %d after a refusal, want 2", a.depth())
+	}
+	s.release(2)
+	for range 2 {
+		if r := <-res; r.err != nil {
+			t.Fatalf("%s: %v", r.name, r.err)
+		}
+	}
+}
+
+func TestAdmissionTimesOutHeadAndWaitersBehindIt(t *testing.T) {
+	a := newAdmission(4, 150*time.Millisecond)
+	s := newSlots()
+	res := startWaiters(t, a, s, nil, "head", "behind")
+	for range 2 {
+		if r := <-res; !errors.Is(r.err, ErrQueueTimeout) {
+			t.Fatalf("%s: %v, want ErrQueueTimeout", r.name, r.err)
+		}
+	}
+	if a.depth() != 0 {
+		t.Fatalf("depth %d after the timeouts, want 0", a.depth())
+	}
+}
+
+// A cancelled waiter leaves the queue; when it was head, the next one decides.
+func TestAdmissionCancelLeavesTheQueue(t *testing.T) {
+	a := newAdmission(4, time.Minute)
+	s := newSlots()
+	headCtx, cancelHead := context.WithCancelCause(context.Background())
+	midCtx, cancelMid := context.WithCancelCause(context.Background())
+	res := startWaiters(t, a, s, map[string]context.Context{"head": headCtx, "mid": midCtx}, "head", "mid", "last")
+	gone := errors.New("client went away")
+	cancelMid(gone)
+	if r := <-res; r.name != "mid" || !errors.Is(r.err, gone) {
+		t.Fatalf("%s: %v, want mid to leave with its cancel cause", r.name, r.err)
+	}
+	if a.depth() != 2 {
+		t.Fatalf("depth %d after mid left, want 2", a.depth())
+	}
+	s.mu.Lock()
+	s.free = 1 // freed without a wake-up: only a new head deciding can take it
+	s.mu.Unlock()
+	cancelHead(gone)
+	for _, want := range []string{"head", "last"} {
+		r := <-res
+		if r.name != want {
+			t.Fatalf("got %s, want %s", r.name, want)
+		}
+		if want == "last" && (r.err != nil || r.d.Reason != "last") {
+			t.Fatalf("last, head after the head left: (%v, %v), want admitted", r.d, r.err)
+		}
+	}
+	if a.depth() != 0 {
+		t.Fatalf("depth %d, want 0", a.depth())
+	}
+}
+
+func TestAdmissionPassesNonBusyAnswersThrough(t *testing.T) {
+	a := newAdmission(4, time.Minute)
+	calls := 0
+	_, err := a.admit(context.Background(), func() <-chan struct{} { return nil }, func() (*Decision, error) {
+		calls++
+		return nil, ErrNoWorkers
+	})
+	if !errors.Is(err, ErrNoWorkers) || calls != 1 || a.depth() != 0 {
+		t.Fatalf("got %v after %d calls (depth %d), want ErrNoWorkers at once, unqueued", err, calls, a.depth())
+	}
+}
+
+// --- end to end ---
+
+// oneSlowWorker is one engine that hangs hang before every answer, behind a
+// router with --max-pending 1.
+func oneSlowWorker(t *testing.T, hang time.Duration, adjust func(*Config)) (*testRouter, *fleet, map[string]*upstreamCounter) {
+	t.Helper()
+	f := startFleet(t, 1, func(_ int, c *fakeengine.Config) { c.Faults.HangBeforeFirstToken = hang })
+	cfg := testConfig(t, f)
+	cfg.MaxPending = 1
+	adjust(&cfg)
+	up := countUpstream(t, &cfg)
+	return startRouter(t, cfg), f, up
+}
+
+// startHanging sends a request in the background and waits until it holds w0.
+func startHanging(t *testing.T, rt *testRouter, wg *sync.WaitGroup, codes chan<- int) {
+	t.Helper()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		code, _, _ := post(t, rt.url, "/v1/completions", completionBody("the first request", 2))
+		codes <- code
+	}()
+	waitFor(t, 5*time.Second, "the first request to be in flight on w0", func() bool {
+		return rt.ledger.Load(Target{Worker: "w0"}).InFlight == 1
+	})
+}
+
+func TestAdmissionEndToEndASecondRequestWaitsForTheFullWorker(t *testing.T) {
+	rt, f, up := oneSlowWorker(t, time.Second, func(*Config) {})
+	var wg sync.WaitGroup
+	codes := make(chan int, 2)
+	startHanging(t, rt, &wg, codes)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		code, _, _ := post(t, rt.url, "/v1/completions", completionBody("the second request", 2))
+		codes <- code
+	}()
+	waitFor(t, 5*time.Second, "the second request to queue", func() bool {
+		return testutil.ToFloat64(rt.metrics.queueDepth) == 1
+	})
+	wg.Wait()
+	for range 2 {
+		if c := <-codes; c != http.StatusOK {
+			t.Fatalf("a request got %d, want both served", c)
+		}
+	}
+	if n, m := up["w0"].count(), up["w0"].maxIn.Load(); n != 2 || m != 1 {
+		t.Fatalf("the engine got %d requests with at most %d at once, want 2 and 1 (--max-pending 1)", n, m)
+	}
+	if q := testutil.ToFloat64(rt.metrics.queueDepth); q != 0 {
+		t.Fatalf("queue depth %v after both finished, want 0", q)
+	}
+	rt.assertNoLoad(t, f.ids)
+}
+
+func TestAdmissionEndToEndRefusesWith429AndRetryAfter(t *testing.T) {
+	for _, tc := range []struct {
+		name, reason string
+		adjust       func(*Config)
+	}{
+		{"queue full", "queue_full", func(c *Config) { c.QueueSize = 0 }},
+		{"queue timeout", "queue_timeout", func(c *Config) { c.QueueSize = 4; c.QueueTimeout = 100 * time.Millisecond }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt, f, up := oneSlowWorker(t, 1500*time.Millisecond, tc.adjust)
+			var wg sync.WaitGroup
+			codes := make(chan int, 1)
+			startHanging(t, rt, &wg, codes)
+
+			req, _ := http.NewRequest(http.MethodPost, rt.url+"/v1/completions", strings.NewReader(completionBody("refused", 2)))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body errorBody
+			decErr := json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+				t.Fatalf("extra request: %d Retry-After=%q, want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+			}
+			if decErr != nil || body.Error.Type != "RateLimitError" || body.Error.Code != 429 || body.Error.Message == "" {
+				t.Fatalf("429 body %+v (%v), want an OpenAI RateLimitError", body, decErr)
+			}
+			if got := testutil.ToFloat64(rt.metrics.rejected.WithLabelValues(tc.reason)); got != 1 {
+				t.Fatalf("rejected{reason=%s} = %v, want 1", tc.reason, got)
+			}
+			wg.Wait()
+			if c := <-codes; c != http.StatusOK {
+				t.Fatalf("the first request got %d", c)
+			}
+			if n := up["w0"].count(); n != 1 {
+				t.Fatalf("the engine got %d requests, want 1: the refused one must not reach it", n)
+			}
+			rt.assertNoLoad(t, f.ids)
+		})
+	}
+}
