@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // breakerRig is a Breakers on a fake clock whose metric hooks are recorded.
@@ -348,4 +350,63 @@ func TestBreakerEndToEndAllOpenStillDispatches(t *testing.T) {
 		t.Fatalf("%d breakers closed after one successful request to an open worker, want 1", closed)
 	}
 	rt.assertNoLoad(t, f.ids)
+}
+
+// Concurrent requests are all decided before any is dispatched: once one of them
+// took a half-open worker's probe, no other decision may choose that worker until
+// the probe's outcome is in ("one probe request is admitted", seeds/000).
+func TestBreakerHalfOpenAdmitsOneProbeAcrossConcurrentDecisions(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Policy = PolicyRoundRobin
+	cfg.BlockSize = 4
+	cfg.Workers = []workerspec.Spec{{ID: "w0", Model: testModel, HTTP: "http://127.0.0.1:9"}, {ID: "w1", Model: testModel, HTTP: "http://127.0.0.1:9"}}
+	r, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	clk := newFakeClock()
+	r.breakers.now = clk.Now
+	for range 3 {
+		r.breakers.Record("w0", OutcomeFailure, false)
+	}
+	clk.Advance(cfg.BreakerCooldown)
+
+	decideN := func(n int) (toW0 int, ds []*Decision) {
+		for i := range n {
+			p, err := r.prepare(http.Header{}, "/v1/completions", endpointCompletions, []byte(completionBody(fmt.Sprintf("concurrent %d", i), 2)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := r.decide(context.Background(), p, map[string]bool{}, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Target.Worker == "w0" {
+				toW0++
+			}
+			ds = append(ds, d)
+		}
+		return toW0, ds
+	}
+	toW0, ds := decideN(6)
+	if toW0 != 1 {
+		t.Fatalf("%d of 6 concurrent decisions chose the half-open w0, want exactly 1 (the probe)", toW0)
+	}
+	// The probe succeeds: w0 is closed and takes its share again.
+	for _, d := range ds {
+		if d.Target.Worker == "w0" {
+			r.breakers.Record("w0", OutcomeSuccess, d.probe)
+		}
+		d.release()
+	}
+	if s, _ := r.breakers.State("w0"); s != BreakerClosed {
+		t.Fatalf("after the probe succeeded w0 is %s, want closed", s)
+	}
+	if toW0, ds = decideN(4); toW0 != 2 {
+		t.Fatalf("after the restore w0 got %d of 4 round-robin decisions, want 2", toW0)
+	}
+	for _, d := range ds {
+		d.release()
+	}
 }

@@ -141,6 +141,7 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, p *prepare
 		r.metrics.pdLocalPrefill.WithLabelValues("below_threshold").Inc()
 	}
 	if ctx.Err() != nil {
+		r.breakers.Record(d.Target.Worker, OutcomeNeutral, d.probe)
 		r.metrics.requests.WithLabelValues(d.Policy, resultCanceled, d.Target.Worker).Inc()
 		return nil
 	}
@@ -149,7 +150,7 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, p *prepare
 		worker = r.fleet.View().byID[d.Target.Worker]
 	}
 	l := &leg{target: d.Target, worker: worker, path: p.path, body: body, header: p.header, res: d.res}
-	probe := r.breakers.Begin(worker.ID)
+	probe := d.probe
 	markSent()
 	resp, first, stop, fail := r.start(ctx, l)
 	if fail != nil {

@@ -72,6 +72,10 @@ type Decision struct {
 
 	// Held load, released by the request's owner.
 	res, prefillRes *Reservation
+	// probe: this decision holds Target's half-open breaker probe (taken under
+	// pickMu with the pick, so concurrent decisions cannot all probe); dispatch
+	// must Record its outcome with it.
+	probe bool
 }
 
 // Exclusion is one candidate filtered out before scoring.
@@ -221,6 +225,7 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 	}
 	if !dryRun {
 		r.reserve(d, route)
+		d.probe = r.breakers.Begin(d.Target.Worker)
 	}
 	return d, nil
 }
@@ -239,13 +244,25 @@ func (r *Router) busyReason(l Load) string {
 }
 
 // refreshLoads re-reads the load of every candidate and what the request shares
-// with it, and drops those that became busy since they were listed; called under
-// pickMu so that the pick sees every reservation taken before it. errBusy when
-// none is left.
+// with it, and drops those that became busy since they were listed, and those
+// whose half-open probe another decision took meanwhile (unless no candidate is
+// allowed by its breaker: the all-open fallback); called under pickMu so that the
+// pick sees every reservation and probe taken before it. errBusy when none is left.
 func (r *Router) refreshLoads(route *RouteRequest, cands []Candidate, excluded *[]Exclusion) ([]Candidate, error) {
+	allowed := make([]bool, len(cands))
+	anyAllowed := false
+	for i := range cands {
+		allowed[i] = r.breakers.Allows(cands[i].Worker.ID)
+		anyAllowed = anyAllowed || allowed[i]
+	}
 	kept := cands[:0]
-	for _, c := range cands {
+	for i, c := range cands {
 		t := c.Target()
+		if anyAllowed && !allowed[i] {
+			*excluded = append(*excluded, Exclusion{Target: t, Reason: ExcludeBreaker})
+			r.metrics.excluded.WithLabelValues(ExcludeBreaker).Inc()
+			continue
+		}
 		c.Load = r.loadOf(t)
 		if reason := r.busyReason(c.Load); reason != "" {
 			*excluded = append(*excluded, Exclusion{Target: t, Reason: reason})
@@ -371,6 +388,7 @@ func (r *Router) decideDirect(p *prepared, d *Decision, dryRun bool, pools ...*p
 		r.pickMu.Lock()
 		defer r.pickMu.Unlock()
 		r.reserve(d, route)
+		d.probe = r.breakers.Begin(d.Target.Worker)
 	}
 	return d, nil
 }
