@@ -173,3 +173,19 @@ func TestAutoModeIgnoresWorkerHeaders(t *testing.T) {
 		t.Fatalf("auto mode: %v, want round-robin's 2:2", c)
 	}
 }
+
+// The router chooses the data-parallel rank and books the load there; a client's
+// X-Data-Parallel-Rank header is not passed on (an engine would refuse a rank it
+// lacks, or serve on a rank the ledger does not count).
+func TestClientDataParallelRankHeaderIsNotForwarded(t *testing.T) {
+	rt, f, up := directRouter(t)
+	for _, v := range []string{"7", "abc", "0"} {
+		if code, _, raw := post(t, rt.url, "/v1/completions", completionBody("rank "+v, 2), HeaderDPRank, v); code != http.StatusOK {
+			t.Fatalf("X-Data-Parallel-Rank: %s: %d %s, want the router's own rank choice served", v, code, raw)
+		}
+	}
+	if c := counts(up); c["w0"]+c["w1"] != 3 {
+		t.Fatalf("engines saw %v, want 3 requests", c)
+	}
+	rt.assertNoLoad(t, f.ids)
+}

@@ -106,6 +106,9 @@ func (r *Router) start(ctx context.Context, l *leg) (resp *http.Response, first 
 	}
 	copyHeader(req.Header, l.header)
 	req.Header.Set("Content-Type", "application/json")
+	// The router picks the rank (and books its load there): a client's own
+	// rank header is never forwarded.
+	req.Header.Del(HeaderDPRank)
 	if l.worker.Ranks > 1 {
 		req.Header.Set(HeaderDPRank, strconv.FormatUint(uint64(l.target.Rank), 10))
 	}
