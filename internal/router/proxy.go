@@ -182,5 +182,9 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, p *prepare
 	}
 	r.breakers.Record(worker.ID, outcome, probe)
 	r.metrics.requests.WithLabelValues(d.Policy, result, worker.ID).Inc()
+	if errors.Is(err, errAbortResponse) {
+		d.release() // the panic skips the caller's release
+		panic(http.ErrAbortHandler)
+	}
 	return nil
 }

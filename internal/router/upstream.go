@@ -24,6 +24,10 @@ const HeaderDPRank = "X-Data-Parallel-Rank"
 // maxErrorBody bounds what the router keeps of an upstream error answer.
 const maxErrorBody = 1 << 20
 
+// errAbortResponse: a non-streamed answer broke after bytes reached the client;
+// the handler must abort the connection (panic(http.ErrAbortHandler)).
+var errAbortResponse = errors.New("upstream answer broke mid-body")
+
 // failure is an attempt that ended before any byte reached the client, so it may
 // be retried elsewhere.
 type failure struct {
@@ -214,9 +218,10 @@ func (r *Router) relay(client context.Context, w http.ResponseWriter, resp *http
 				write([]byte("data: " + string(errorJSON(status, kind, err.Error())) + "\n\ndata: [DONE]\n\n"))
 				return err
 			}
-			// A plain body cannot carry an error once started: abort the
-			// connection so the client sees a truncated response, not a short one.
-			panic(http.ErrAbortHandler)
+			// A plain body cannot carry an error once started: the caller aborts
+			// the connection (after releasing the request's load and recording
+			// the failure) so the client sees a truncated response, not a short one.
+			return fmt.Errorf("%w: %v", errAbortResponse, err)
 		}
 	}
 }
