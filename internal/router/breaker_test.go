@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -251,8 +252,20 @@ func TestBreakerEndToEndExcludesProbesAndRestoresAFailingWorker(t *testing.T) {
 		t.Fatalf("breaker exclusions while open = %v, want 6", got)
 	}
 
-	// Cooldown over: exactly one probe; it fails, the cooldown doubles to 10s.
+	// Cooldown over: a dry run (/debug/route) sees w0 half-open without probing it.
 	clk.Advance(time.Millisecond)
+	resp, err := http.Post(rt.url+"/debug/route", "application/json", strings.NewReader(completionBody("dry run", 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if s := rt.breakerState("w0"); resp.StatusCode != http.StatusOK || s != float64(BreakerHalfOpen) {
+		t.Fatalf("after the cooldown: /debug/route %d, breaker_state=%v, want 200 and 1 (half-open)", resp.StatusCode, s)
+	}
+	if n := up["w0"].count(); n != 3 {
+		t.Fatalf("a dry run sent w0 a request (%d)", n)
+	}
+	// Exactly one probe; it fails, the cooldown doubles to 10s.
 	okUntil(t, rt, 4, "the probe sent to w0", func() bool { return up["w0"].count() == 4 })
 	if s, n := rt.breakerState("w0"), rt.breakerTrips("w0"); s != float64(BreakerOpen) || n != 2 {
 		t.Fatalf("after the failed probe: breaker_state=%v trips=%v, want 2 and 2", s, n)

@@ -269,3 +269,45 @@ func TestSessionPolicySticksSessionsEndToEnd(t *testing.T) {
 	}
 	rt.assertNoLoad(t, f.ids)
 }
+
+// prefix-hash keeps every request with the same system prompt on one worker
+// whatever the user turn, spreads different system prompts, and an explicit
+// X-Cache-Key groups requests regardless of their content.
+func TestPrefixHashPolicyGroupsBySystemPromptEndToEnd(t *testing.T) {
+	f := startFleet(t, 4, nil)
+	cfg := testConfig(t, f)
+	cfg.Policy = PolicyPrefixHash
+	rt := startRouter(t, cfg)
+	chat := func(system, user string) string {
+		return fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"system","content":%s},{"role":"user","content":%s}]}`,
+			testModel, quote(system), quote(user))
+	}
+	send := func(body string, hdr ...string) string {
+		return rt.servedBy(t, f.ids, func() {
+			if code, _, raw := post(t, rt.url, "/v1/chat/completions", body, hdr...); code != http.StatusOK {
+				t.Fatalf("%d %s", code, raw)
+			}
+		})
+	}
+	used := map[string]bool{}
+	for s := range 8 {
+		system := fmt.Sprintf("You are assistant number %d of tenant %d.", s, s*7)
+		first := send(chat(system, "first question"))
+		for q := range 3 {
+			if w := send(chat(system, fmt.Sprintf("question %d", q))); w != first {
+				t.Fatalf("system prompt %d went to %s, then %s", s, first, w)
+			}
+		}
+		used[first] = true
+	}
+	if len(used) < 3 {
+		t.Errorf("8 system prompts used %d of 4 workers, want at least 3", len(used))
+	}
+	first := send(chat("some system prompt", "q"), "X-Cache-Key", "tenant-a/doc-42")
+	for s := range 4 {
+		if w := send(chat(fmt.Sprintf("system %d", s), "q"), "X-Cache-Key", "tenant-a/doc-42"); w != first {
+			t.Fatalf("X-Cache-Key tenant-a/doc-42 went to %s, then %s", first, w)
+		}
+	}
+	rt.assertNoLoad(t, f.ids)
+}
