@@ -17,24 +17,27 @@ var (
 
 // admission is the bounded FIFO in front of a busy fleet. A request whose every
 // eligible candidate is excluded by a busy threshold or --max-pending waits here;
-// only the head of the queue retries its decision, each time load goes down, so
-// waiters are served in arrival order. Safe for concurrent use.
+// only the head of its pool's queue retries its decision, each time load goes
+// down, so waiters are served in arrival order. Each pool (the model's workers)
+// has its own FIFO, so a waiter for one model never holds up another model's;
+// --queue-size bounds all of them together. Safe for concurrent use.
 type admission struct {
 	size    int
 	timeout time.Duration
 
-	mu    sync.Mutex
-	queue []chan struct{} // waiters in arrival order; a waiter's channel is closed when it becomes head; guarded by mu
+	mu     sync.Mutex
+	queues map[string][]chan struct{} // per pool, waiters in arrival order; a waiter's channel is closed when it becomes head; guarded by mu
+	n      int                        // waiters in every queue; guarded by mu
 
 	onDepth func(int) // metrics hook; called under mu
 }
 
 func newAdmission(size int, timeout time.Duration) *admission {
-	return &admission{size: size, timeout: timeout}
+	return &admission{size: size, timeout: timeout, queues: map[string][]chan struct{}{}}
 }
 
-// admit runs decide until it is not errBusy, waiting in the queue in between.
-func (a *admission) admit(ctx context.Context, changed func() <-chan struct{}, decide func() (*Decision, error)) (*Decision, error) {
+// admit runs decide until it is not errBusy, waiting in pool's queue in between.
+func (a *admission) admit(ctx context.Context, pool string, changed func() <-chan struct{}, decide func() (*Decision, error)) (*Decision, error) {
 	// Subscribe before deciding, so a release between the decision and the wait
 	// is not missed.
 	ch := changed()
@@ -42,11 +45,11 @@ func (a *admission) admit(ctx context.Context, changed func() <-chan struct{}, d
 	if !errors.Is(err, errBusy) {
 		return d, err
 	}
-	turn, err := a.enqueue()
+	turn, err := a.enqueue(pool)
 	if err != nil {
 		return nil, err
 	}
-	defer a.leave(turn)
+	defer a.leave(pool, turn)
 	deadline := time.NewTimer(a.timeout)
 	defer deadline.Stop()
 	// Wait to be head.
@@ -73,40 +76,49 @@ func (a *admission) admit(ctx context.Context, changed func() <-chan struct{}, d
 	}
 }
 
-func (a *admission) enqueue() (chan struct{}, error) {
+func (a *admission) enqueue(pool string) (chan struct{}, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.queue) >= a.size {
+	if a.n >= a.size {
 		return nil, ErrQueueFull
 	}
 	turn := make(chan struct{})
-	if len(a.queue) == 0 {
+	q := a.queues[pool]
+	if len(q) == 0 {
 		close(turn)
 	}
-	a.queue = append(a.queue, turn)
+	a.queues[pool] = append(q, turn)
+	a.n++
 	a.depthLocked()
 	return turn, nil
 }
 
 // leave removes a waiter; when it was head, the next one's turn begins.
-func (a *admission) leave(turn chan struct{}) {
+func (a *admission) leave(pool string, turn chan struct{}) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for i, t := range a.queue {
+	q := a.queues[pool]
+	for i, t := range q {
 		if t == turn {
-			a.queue = append(a.queue[:i], a.queue[i+1:]...)
-			if i == 0 && len(a.queue) > 0 {
-				close(a.queue[0])
+			q = append(q[:i], q[i+1:]...)
+			a.n--
+			if i == 0 && len(q) > 0 {
+				close(q[0])
 			}
 			break
 		}
+	}
+	if len(q) == 0 {
+		delete(a.queues, pool)
+	} else {
+		a.queues[pool] = q
 	}
 	a.depthLocked()
 }
 
 func (a *admission) depthLocked() {
 	if a.onDepth != nil {
-		a.onDepth(len(a.queue))
+		a.onDepth(a.n)
 	}
 }
 
@@ -114,5 +126,5 @@ func (a *admission) depthLocked() {
 func (a *admission) depth() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.queue)
+	return a.n
 }

@@ -77,7 +77,7 @@ func startWaiters(t *testing.T, a *admission, s *slots, ctxs map[string]context.
 			ctx = context.Background()
 		}
 		go func() {
-			d, err := a.admit(ctx, s.Changed, s.decide(name))
+			d, err := a.admit(ctx, "m", s.Changed, s.decide(name))
 			out <- admitResult{name, d, err}
 		}()
 		waitFor(t, 5*time.Second, fmt.Sprintf("%s to be queued", name), func() bool { return a.depth() == i+1 })
@@ -112,14 +112,47 @@ func TestAdmissionServesWaitersInArrivalOrderAndOnlyTheHeadDecides(t *testing.T)
 	}
 }
 
+// Each pool has its own FIFO: the head of one pool's queue does not hold up a
+// waiter of another pool; the queue size bounds them together.
+func TestAdmissionPoolsQueueIndependently(t *testing.T) {
+	a := newAdmission(2, time.Minute)
+	sx, sy := newSlots(), newSlots()
+	res := make(chan admitResult, 2)
+	for _, w := range []struct {
+		pool string
+		s    *slots
+	}{{"x", sx}, {"y", sy}} {
+		go func() {
+			d, err := a.admit(context.Background(), w.pool, w.s.Changed, w.s.decide(w.pool))
+			res <- admitResult{w.pool, d, err}
+		}()
+		waitFor(t, 5*time.Second, "the "+w.pool+" waiter to queue", func() bool { return w.s.callsOf(w.pool) >= 1 && a.depth() >= 1 })
+	}
+	waitFor(t, 5*time.Second, "both waiters to queue", func() bool { return a.depth() == 2 })
+	if _, err := a.admit(context.Background(), "z", newSlots().Changed, newSlots().decide("z")); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("a third waiter (another pool) beyond --queue-size 2: %v, want ErrQueueFull", err)
+	}
+	sy.release(1)
+	if r := <-res; r.name != "y" || r.err != nil {
+		t.Fatalf("got (%s, %v), want y admitted while x's head still waits", r.name, r.err)
+	}
+	if a.depth() != 1 {
+		t.Fatalf("depth %d, want 1 (x)", a.depth())
+	}
+	sx.release(1)
+	if r := <-res; r.name != "x" || r.err != nil {
+		t.Fatalf("got (%s, %v), want x admitted", r.name, r.err)
+	}
+}
+
 func TestAdmissionRefusesBeyondTheQueueSize(t *testing.T) {
 	s := newSlots()
-	if _, err := newAdmission(0, time.Minute).admit(context.Background(), s.Changed, s.decide("x")); !errors.Is(err, ErrQueueFull) {
+	if _, err := newAdmission(0, time.Minute).admit(context.Background(), "m", s.Changed, s.decide("x")); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("queue size 0: %v, want ErrQueueFull", err)
 	}
 	a := newAdmission(2, time.Minute)
 	res := startWaiters(t, a, s, nil, "a", "b")
-	if _, err := a.admit(context.Background(), s.Changed, s.decide("c")); !errors.Is(err, ErrQueueFull) {
+	if _, err := a.admit(context.Background(), "m", s.Changed, s.decide("c")); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("third waiter on a queue of 2: %v, want ErrQueueFull", err)
 	}
 	if a.depth() != 2 {
@@ -183,7 +216,7 @@ func TestAdmissionCancelLeavesTheQueue(t *testing.T) {
 func TestAdmissionPassesNonBusyAnswersThrough(t *testing.T) {
 	a := newAdmission(4, time.Minute)
 	calls := 0
-	_, err := a.admit(context.Background(), func() <-chan struct{} { return nil }, func() (*Decision, error) {
+	_, err := a.admit(context.Background(), "m", func() <-chan struct{} { return nil }, func() (*Decision, error) {
 		calls++
 		return nil, ErrNoWorkers
 	})
@@ -291,4 +324,58 @@ func TestAdmissionEndToEndRefusesWith429AndRetryAfter(t *testing.T) {
 			rt.assertNoLoad(t, f.ids)
 		})
 	}
+}
+
+// The queue must not let a request for one model hold up requests for another:
+// a waiter for model B, whose only worker frees up after 200ms, is served before
+// the waiter ahead of it, which waits for model A's worker (busy for 3s) until
+// its queue timeout.
+func TestAdmissionWaiterIsNotBlockedByAnotherModelsHead(t *testing.T) {
+	const modelB = "test/model-b"
+	f := startFleet(t, 2, func(i int, c *fakeengine.Config) {
+		c.Faults.HangBeforeFirstToken = 3 * time.Second
+		if i == 1 {
+			c.Model = modelB
+			c.Faults.HangBeforeFirstToken = 200 * time.Millisecond
+		}
+	})
+	cfg := testConfig(t, f)
+	cfg.MaxPending = 1
+	cfg.QueueTimeout = 2500 * time.Millisecond
+	rt := startRouter(t, cfg)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	codes := map[string]int{}
+	var order []string
+	send := func(name, model string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, _, _ := post(t, rt.url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":%s,"max_tokens":2}`, model, quote(name)))
+			mu.Lock()
+			codes[name] = code
+			order = append(order, name)
+			mu.Unlock()
+		}()
+	}
+	send("a1", testModel)
+	send("b1", modelB)
+	waitFor(t, 5*time.Second, "a1 and b1 in flight", func() bool {
+		return rt.ledger.Load(Target{Worker: "w0"}).InFlight == 1 && rt.ledger.Load(Target{Worker: "w1"}).InFlight == 1
+	})
+	send("a2", testModel)
+	waitFor(t, 5*time.Second, "a2 to queue", func() bool { return rt.adm.depth() == 1 })
+	send("b2", modelB)
+	waitFor(t, 5*time.Second, "b2 to queue", func() bool { return rt.adm.depth() == 2 })
+	wg.Wait()
+	if codes["a1"] != http.StatusOK || codes["b1"] != http.StatusOK || codes["b2"] != http.StatusOK {
+		t.Errorf("a1/b1/b2 got %d/%d/%d, want 200s", codes["a1"], codes["b1"], codes["b2"])
+	}
+	if codes["a2"] != http.StatusTooManyRequests {
+		t.Errorf("a2 got %d, want 429 (its model's worker stayed busy past the queue timeout)", codes["a2"])
+	}
+	if fmt.Sprint(order) != "[b1 b2 a2 a1]" {
+		t.Errorf("requests finished in the order %v, want [b1 b2 a2 a1]: b2 must not wait behind a2, which waits for another model", order)
+	}
+	rt.assertNoLoad(t, f.ids)
 }
