@@ -335,6 +335,15 @@ func TestBreakerEndToEndAllOpenStillDispatches(t *testing.T) {
 			t.Fatalf("%s breaker_state=%v, want 2", w, s)
 		}
 	}
+	// The breaker is the router's private opinion: the fleet still lists both.
+	if n := len(rt.fleet.Workers()); n != 2 {
+		t.Fatalf("the fleet has %d workers with both breakers open, want 2", n)
+	}
+	if resp, err := http.Get(rt.url + "/readyz"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("/readyz with both breakers open: %v %v, want 200", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	before := counts(up)
 	code, _, raw := post(t, rt.url, "/v1/completions", completionBody("every breaker open", 2))
 	if code == http.StatusServiceUnavailable || code != http.StatusInternalServerError {
