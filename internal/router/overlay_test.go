@@ -15,7 +15,7 @@ var (
 
 func match(o *overlay, keys []uint64, now time.Time, targets ...Target) []int {
 	out := make([]int, len(targets))
-	o.Match(keys, targets, now, out)
+	o.Match(keys, targets, now, out, nil)
 	return out
 }
 
@@ -23,7 +23,7 @@ func match(o *overlay, keys []uint64, now time.Time, targets ...Target) []int {
 // after a gap does not count.
 func TestOverlayMatchCountsLeadingBlocksPerTarget(t *testing.T) {
 	now := newFakeClock().Now()
-	o := newOverlay(5*time.Second, 1000)
+	o := newOverlay(5*time.Second, 5*time.Second, 1000)
 	o.Record([]uint64{1, 2, 3}, ovA, now)
 	o.Record([]uint64{1, 2}, ovB, now)
 	o.Record([]uint64{2, 3, 4}, ovC, now) // not the prompt's first block
@@ -37,7 +37,7 @@ func TestOverlayMatchCountsLeadingBlocksPerTarget(t *testing.T) {
 	}
 	// The output is reset: stale values in out do not leak into a new match.
 	out := []int{7, 7}
-	o.Match([]uint64{5}, []Target{ovA, ovB}, now, out)
+	o.Match([]uint64{5}, []Target{ovA, ovB}, now, out, nil)
 	if fmt.Sprint(out) != "[0 0]" {
 		t.Fatalf("out = %v after matching an unknown key, want zeros", out)
 	}
@@ -45,7 +45,7 @@ func TestOverlayMatchCountsLeadingBlocksPerTarget(t *testing.T) {
 
 func TestOverlayMarksExpireAfterTheTTL(t *testing.T) {
 	clk := newFakeClock()
-	o := newOverlay(5*time.Second, 1000)
+	o := newOverlay(5*time.Second, 5*time.Second, 1000)
 	o.Record([]uint64{1, 2}, ovA, clk.Now())
 	clk.Advance(2 * time.Second)
 	o.Record([]uint64{1}, ovB, clk.Now())
@@ -68,7 +68,7 @@ func TestOverlayMarksExpireAfterTheTTL(t *testing.T) {
 
 func TestOverlayBoundDropsTheOldestMarksFirst(t *testing.T) {
 	clk := newFakeClock()
-	o := newOverlay(time.Hour, 4)
+	o := newOverlay(time.Hour, time.Hour, 4)
 	o.Record([]uint64{1, 2}, ovA, clk.Now())
 	clk.Advance(time.Second)
 	o.Record([]uint64{3, 4}, ovB, clk.Now())
@@ -110,7 +110,7 @@ func TestOverlayBoundDropsTheOldestMarksFirst(t *testing.T) {
 // (by the bound or by its old expiry).
 func TestOverlayRenewedMarkSurvivesItsOldEntry(t *testing.T) {
 	clk := newFakeClock()
-	o := newOverlay(5*time.Second, 3)
+	o := newOverlay(5*time.Second, 5*time.Second, 3)
 	o.Record([]uint64{1}, ovA, clk.Now()) // entry 1 (old expiry)
 	clk.Advance(time.Second)
 	o.Record([]uint64{2}, ovA, clk.Now())
@@ -127,7 +127,7 @@ func TestOverlayRenewedMarkSurvivesItsOldEntry(t *testing.T) {
 
 	// Expiry: renewed at +2s, the mark lives until +7s, past its first expiry (+5s).
 	clk2 := newFakeClock()
-	o2 := newOverlay(5*time.Second, 100)
+	o2 := newOverlay(5*time.Second, 5*time.Second, 100)
 	o2.Record([]uint64{1}, ovA, clk2.Now())
 	clk2.Advance(2 * time.Second)
 	o2.Record([]uint64{1}, ovA, clk2.Now())
@@ -138,5 +138,39 @@ func TestOverlayRenewedMarkSurvivesItsOldEntry(t *testing.T) {
 	clk2.Advance(time.Second) // +7s
 	if got := match(o2, []uint64{1}, clk2.Now(), ovA); got[0] != 0 {
 		t.Fatal("a renewed mark outlived its renewed expiry")
+	}
+}
+
+// One store, two horizons: a mark counts in the short horizon (the predicted
+// overlay) for its first seconds and in the long one (the approximate index)
+// until the long TTL; only the long TTL removes it.
+func TestOverlayShortAndLongHorizons(t *testing.T) {
+	clk := newFakeClock()
+	o := newOverlay(time.Second, 10*time.Second, 1000)
+	o.Record([]uint64{1, 2, 3}, ovA, clk.Now())
+	o.Record([]uint64{1}, ovB, clk.Now())
+	both := func() (string, string) {
+		short, long := make([]int, 2), make([]int, 2)
+		o.Match([]uint64{1, 2, 3}, []Target{ovA, ovB}, clk.Now(), short, long)
+		return fmt.Sprint(short), fmt.Sprint(long)
+	}
+	if s, l := both(); s != "[3 1]" || l != "[3 1]" {
+		t.Fatalf("at once: short %s long %s, want [3 1] and [3 1]", s, l)
+	}
+	clk.Advance(time.Second)
+	if s, l := both(); s != "[0 0]" || l != "[3 1]" {
+		t.Fatalf("after the short TTL: short %s long %s, want [0 0] and [3 1]", s, l)
+	}
+	if o.Len() != 4 {
+		t.Fatalf("Len = %d after the short TTL, want 4 (the long horizon keeps them)", o.Len())
+	}
+	o.Record([]uint64{1, 2}, ovB, clk.Now()) // renews (1, b) in both horizons
+	clk.Advance(9 * time.Second)
+	if s, l := both(); s != "[0 0]" || l != "[0 2]" {
+		t.Fatalf("after a's long TTL: short %s long %s, want [0 0] and [0 2]", s, l)
+	}
+	clk.Advance(time.Second)
+	if s, l := both(); s != "[0 0]" || l != "[0 0]" || o.Len() != 0 {
+		t.Fatalf("after every long TTL: short %s long %s Len %d, want zeros", s, l, o.Len())
 	}
 }
