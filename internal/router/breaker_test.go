@@ -432,3 +432,30 @@ func TestBreakerHalfOpenAdmitsOneProbeAcrossConcurrentDecisions(t *testing.T) {
 		d.release()
 	}
 }
+
+// An engine's 4xx is the request's fault, not the worker's: relayed as is, it
+// never trips the breaker (seeds/000: one bad client must not trip a healthy fleet).
+func TestBreakerEndToEndClientErrorsNeverTrip(t *testing.T) {
+	f := startFleet(t, 1, nil)
+	cfg := testConfig(t, f)
+	up := countUpstream(t, &cfg)
+	rt := startRouter(t, cfg)
+	// max_tokens beyond the engine's context window: the engine answers 400.
+	body := fmt.Sprintf(`{"model":%q,"prompt":"too long an answer","max_tokens":100000}`, testModel)
+	for i := range 5 {
+		code, _, raw := post(t, rt.url, "/v1/completions", body)
+		if code != http.StatusBadRequest || !strings.Contains(raw, "BadRequestError") {
+			t.Fatalf("request %d: %d %s, want the engine's 400 relayed", i, code, raw)
+		}
+	}
+	if n := up["w0"].count(); n != 5 {
+		t.Fatalf("the engine saw %d requests, want 5 (a 4xx is not retried)", n)
+	}
+	if s, n := rt.breakerState("w0"), rt.breakerTrips("w0"); s != float64(BreakerClosed) || n != 0 {
+		t.Fatalf("after 5 engine 400s: breaker_state=%v trips=%v, want 0 and 0", s, n)
+	}
+	if code, _, raw := post(t, rt.url, "/v1/completions", completionBody("fine", 2)); code != http.StatusOK {
+		t.Fatalf("a good request after the 400s: %d %s", code, raw)
+	}
+	rt.assertNoLoad(t, f.ids)
+}
