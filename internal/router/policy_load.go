@@ -2,16 +2,27 @@ package router
 
 import (
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 )
 
-// roundRobin cycles through the candidates (ordered by worker and rank).
-type roundRobin struct{ next atomic.Uint64 }
+// roundRobin cycles through the candidates (ordered by worker and rank), with
+// one counter per pool (model and role): a shared counter would let interleaved
+// models, or the decode and prefill picks of one request, skip workers.
+type roundRobin struct{ next sync.Map } // pool name -> *atomic.Uint64
 
 func (*roundRobin) Name() string { return PolicyRoundRobin }
 
-func (p *roundRobin) Pick(_ *RouteRequest, cands []Candidate) int {
-	return int((p.next.Add(1) - 1) % uint64(len(cands)))
+func (p *roundRobin) Pick(req *RouteRequest, cands []Candidate) int {
+	pool := ""
+	if req != nil && req.pool != nil {
+		pool = req.pool.name
+	}
+	c, ok := p.next.Load(pool)
+	if !ok {
+		c, _ = p.next.LoadOrStore(pool, new(atomic.Uint64))
+	}
+	return int((c.(*atomic.Uint64).Add(1) - 1) % uint64(len(cands)))
 }
 
 // random picks uniformly.

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // cands are candidates on workers c0..c(n-1) with the given requests in flight.
@@ -310,4 +312,63 @@ func TestPrefixHashPolicyGroupsBySystemPromptEndToEnd(t *testing.T) {
 		}
 	}
 	rt.assertNoLoad(t, f.ids)
+}
+
+// Round-robin is even within each pool: requests of two models interleaved
+// (A, B, A, B, …) still alternate over each model's workers, and so do the
+// prefill picks of disaggregated requests.
+func TestRoundRobinIsEvenPerModelEndToEnd(t *testing.T) {
+	const modelB = "test/model-b"
+	f := startFleet(t, 4, func(i int, c *fakeengine.Config) {
+		if i >= 2 {
+			c.Model = modelB
+		}
+	})
+	cfg := testConfig(t, f)
+	cfg.Policy = PolicyRoundRobin
+	up := countUpstream(t, &cfg)
+	rt := startRouter(t, cfg)
+	for i := range 4 {
+		for _, m := range []string{testModel, modelB} {
+			body := fmt.Sprintf(`{"model":%q,"prompt":%s,"max_tokens":2}`, m, quote(fmt.Sprintf("request %d", i)))
+			if code, _, raw := post(t, rt.url, "/v1/completions", body); code != http.StatusOK {
+				t.Fatalf("%s request %d: %d %s", m, i, code, raw)
+			}
+		}
+	}
+	if c := counts(up); c["w0"] != 2 || c["w1"] != 2 || c["w2"] != 2 || c["w3"] != 2 {
+		t.Fatalf("4 interleaved requests per model went %v, want 2 on every worker", c)
+	}
+}
+
+func TestRoundRobinAlternatesPrefillWorkers(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Policy = PolicyRoundRobin
+	cfg.BlockSize = 4
+	for _, w := range []struct{ id, role string }{{"d0", "decode"}, {"p0", "prefill"}, {"p1", "prefill"}} {
+		cfg.Workers = append(cfg.Workers, workerspec.Spec{ID: w.id, Model: testModel, Role: w.role, HTTP: "http://127.0.0.1:9"})
+	}
+	r, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	per := map[string]int{}
+	for i := range 6 {
+		p, err := r.prepare(http.Header{}, "/v1/completions", endpointCompletions, []byte(completionBody(words(fmt.Sprintf("pd %d", i), 50), 2)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := r.decide(context.Background(), p, map[string]bool{}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Prefill == nil {
+			t.Fatalf("decision %d is not disaggregated", i)
+		}
+		per[d.Prefill.Worker]++
+	}
+	if per["p0"] != 3 || per["p1"] != 3 {
+		t.Fatalf("6 round-robin prefill picks went %v, want 3 and 3", per)
+	}
 }
