@@ -459,3 +459,50 @@ func TestBreakerEndToEndClientErrorsNeverTrip(t *testing.T) {
 	}
 	rt.assertNoLoad(t, f.ids)
 }
+
+// The same holds for prefill workers: once a decision took a half-open prefill
+// worker's probe, concurrent decisions pick other prefill workers.
+func TestBreakerHalfOpenPrefillWorkerGetsOneProbe(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Policy = PolicyRoundRobin
+	cfg.BlockSize = 4
+	for _, w := range []struct{ id, role string }{{"d0", "decode"}, {"p0", "prefill"}, {"p1", "prefill"}} {
+		cfg.Workers = append(cfg.Workers, workerspec.Spec{ID: w.id, Model: testModel, Role: w.role, HTTP: "http://127.0.0.1:9"})
+	}
+	r, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	clk := newFakeClock()
+	r.breakers.now = clk.Now
+	for range 3 {
+		r.breakers.Record("p0", OutcomeFailure, false)
+	}
+	clk.Advance(cfg.BreakerCooldown)
+	toP0 := 0
+	var ds []*Decision
+	for i := range 6 {
+		p, err := r.prepare(http.Header{}, "/v1/completions", endpointCompletions, []byte(completionBody(words(fmt.Sprintf("pd %d", i), 50), 2)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := r.decide(context.Background(), p, map[string]bool{}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Prefill == nil {
+			t.Fatalf("decision %d is not disaggregated", i)
+		}
+		if d.Prefill.Worker == "p0" {
+			toP0++
+		}
+		ds = append(ds, d)
+	}
+	for _, d := range ds {
+		d.release()
+	}
+	if toP0 != 1 {
+		t.Fatalf("%d of 6 concurrent decisions chose the half-open prefill worker p0, want exactly 1 (the probe)", toP0)
+	}
+}

@@ -48,12 +48,13 @@ func withKVTransfer(body []byte, kv json.RawMessage) ([]byte, error) {
 func (r *Router) prefillLeg(ctx context.Context, p *prepared, d *Decision) (json.RawMessage, string, bool) {
 	body, err := prefillRequest(p.body, p.endpoint)
 	if err != nil {
+		r.breakers.Record(d.Prefill.Worker, OutcomeNeutral, d.prefillProbe)
 		return nil, "", false
 	}
-	target, res := *d.Prefill, d.prefillRes
+	target, res, probe := *d.Prefill, d.prefillRes, d.prefillProbe
 	tried := map[string]bool{}
 	for attempt := 0; ; attempt++ {
-		kv, err := r.runPrefill(ctx, p, target, body, res)
+		kv, err := r.runPrefill(ctx, p, target, body, res, probe)
 		res.Release()
 		if err == nil {
 			return kv, target.Worker, true
@@ -67,19 +68,20 @@ func (r *Router) prefillLeg(ctx context.Context, p *prepared, d *Decision) (json
 			return nil, "", false
 		}
 		r.metrics.retries.WithLabelValues("prefill_failed").Inc()
-		if target, res, err = r.pickPrefill(ctx, p, tried); err != nil {
+		if target, res, probe, err = r.pickPrefill(ctx, p, tried); err != nil {
 			return nil, "", false
 		}
 	}
 }
 
-// runPrefill sends one prefill leg and returns its kv_transfer_params.
-func (r *Router) runPrefill(ctx context.Context, p *prepared, t Target, body []byte, res *Reservation) (json.RawMessage, error) {
+// runPrefill sends one prefill leg and returns its kv_transfer_params; probe says
+// whether it is t's half-open breaker probe (its outcome is recorded either way).
+func (r *Router) runPrefill(ctx context.Context, p *prepared, t Target, body []byte, res *Reservation, probe bool) (json.RawMessage, error) {
 	w := r.fleet.View().byID[t.Worker]
 	if w == nil {
+		r.breakers.Record(t.Worker, OutcomeNeutral, probe)
 		return nil, fmt.Errorf("prefill worker %s left the fleet", t.Worker)
 	}
-	probe := r.breakers.Begin(w.ID)
 	resp, first, stop, fail := r.start(ctx, &leg{target: t, worker: w, path: p.path, body: body, header: p.header, res: res})
 	if fail != nil {
 		outcome := fail.outcome()

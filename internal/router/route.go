@@ -74,8 +74,8 @@ type Decision struct {
 	res, prefillRes *Reservation
 	// probe: this decision holds Target's half-open breaker probe (taken under
 	// pickMu with the pick, so concurrent decisions cannot all probe); dispatch
-	// must Record its outcome with it.
-	probe bool
+	// must Record its outcome with it. prefillProbe is the same for Prefill.
+	probe, prefillProbe bool
 }
 
 // Exclusion is one candidate filtered out before scoring.
@@ -225,9 +225,17 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 	}
 	if !dryRun {
 		r.reserve(d, route)
-		d.probe = r.breakers.Begin(d.Target.Worker)
+		r.beginProbes(d)
 	}
 	return d, nil
+}
+
+// beginProbes takes the half-open probes of the decision's targets (under pickMu).
+func (r *Router) beginProbes(d *Decision) {
+	d.probe = r.breakers.Begin(d.Target.Worker)
+	if d.Prefill != nil {
+		d.prefillProbe = r.breakers.Begin(d.Prefill.Worker)
+	}
 }
 
 // busyReason says why a target with this load takes no more requests now
@@ -388,7 +396,7 @@ func (r *Router) decideDirect(p *prepared, d *Decision, dryRun bool, pools ...*p
 		r.pickMu.Lock()
 		defer r.pickMu.Unlock()
 		r.reserve(d, route)
-		d.probe = r.breakers.Begin(d.Target.Worker)
+		r.beginProbes(d)
 	}
 	return d, nil
 }
@@ -407,24 +415,25 @@ func (r *Router) leastLoadedRank(w *Worker) Target {
 }
 
 // pickPrefill chooses another prefill target after a failed prefill leg, and
-// reserves its load.
-func (r *Router) pickPrefill(ctx context.Context, p *prepared, tried map[string]bool) (Target, *Reservation, error) {
+// reserves its load and takes its half-open probe (if it is half-open).
+func (r *Router) pickPrefill(ctx context.Context, p *prepared, tried map[string]bool) (Target, *Reservation, bool, error) {
 	_, prePool, _ := r.pools(&p.route)
 	if prePool == nil {
-		return Target{}, nil, ErrNoWorkers
+		return Target{}, nil, false, ErrNoWorkers
 	}
 	var excluded []Exclusion
 	cands, err := r.candidates(prePool, tried, &excluded)
 	if err != nil {
-		return Target{}, nil, err
+		return Target{}, nil, false, err
 	}
 	r.overlaps(ctx, p, cands)
 	r.pickMu.Lock()
 	defer r.pickMu.Unlock()
 	if cands, err = r.refreshLoads(&p.route, cands, &excluded); err != nil {
-		return Target{}, nil, err
+		return Target{}, nil, false, err
 	}
 	p.route.pool = &poolRef{name: prePool.name, version: prePool.version, targets: prePool.targets}
 	c := cands[r.policy.Pick(&p.route, cands)]
-	return c.Target(), r.ledger.Reserve(c.Target(), demand(&p.route, c.Overlap.Blocks(), true, 1)), nil
+	t := c.Target()
+	return t, r.ledger.Reserve(t, demand(&p.route, c.Overlap.Blocks(), true, 1)), r.breakers.Begin(t.Worker), nil
 }
