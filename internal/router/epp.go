@@ -378,7 +378,7 @@ func (x *eppExchange) decide(headersOnly bool) []*extprocv3.ProcessingResponse {
 		}
 		p.route.allow = func(w *Worker) bool { return allowed[endpointOf(w)] }
 	}
-	d, err := x.r.adm.admit(x.ctx, x.r.ledger.Changed, func() (*Decision, error) { return x.r.decide(x.ctx, p, nil, false) })
+	d, err := x.r.adm.admit(x.ctx, p.route.BaseModel, x.r.ledger.Changed, func() (*Decision, error) { return x.r.decide(x.ctx, p, nil, false) })
 	if err != nil {
 		switch {
 		case errors.Is(err, ErrUnknownModel) && len(x.r.fleet.Workers()) == 0:
