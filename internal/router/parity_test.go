@@ -74,14 +74,18 @@ func dryRun(t *testing.T, url, body string) decisionJSON {
 // says so; a router without the engine's tokenizer is flagged.
 func TestTokenParityWithTheEngine(t *testing.T) {
 	qwen := filepath.Join(tokenizetest.Dir(t), "qwen3")
+	// Loading the real tokenizer is the slow part (seconds under -race): one
+	// Qwen3 engine serves two routers, one with its tokenizer and one without.
 	for _, c := range []struct {
-		name                   string
-		engineTok, routerTok   string
-		wantParity, wantKeysOK bool
+		name      string
+		engineTok string
+		routers   []parityRouter
 	}{
-		{name: "builtin", wantParity: true, wantKeysOK: true},
-		{name: "qwen3", engineTok: qwen, routerTok: qwen, wantParity: true, wantKeysOK: true},
-		{name: "router lacks the engine's tokenizer", engineTok: qwen, wantParity: false, wantKeysOK: false},
+		{name: "builtin", routers: []parityRouter{{name: "builtin", wantOK: true}}},
+		{name: "qwen3", engineTok: qwen, routers: []parityRouter{
+			{name: "with the engine's tokenizer", tok: qwen, wantOK: true},
+			{name: "without it", wantOK: false},
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := startFleet(t, 1, func(_ int, ec *fakeengine.Config) {
@@ -89,48 +93,62 @@ func TestTokenParityWithTheEngine(t *testing.T) {
 					ec.Tokenizers = tokenize.Specs{{Model: testModel, Dir: c.engineTok}}
 				}
 			})
-			cfg := testConfig(t, f)
-			if c.routerTok != "" {
-				cfg.Tokenizers = tokenize.Specs{{Model: testModel, Dir: c.routerTok}}
+			for _, pr := range c.routers {
+				t.Run(pr.name, func(t *testing.T) { checkParity(t, f, pr) })
 			}
-			rt := startRouter(t, cfg)
-			e := f.engines["w0"]
-			bodies := map[string]string{
-				"text": completionBody("Routing decisions depend on token ids matching exactly, déjà vu included: 12345!", 1),
-				"chat": `{"model":"` + testModel + `","max_tokens":1,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Explain prefix caching in one line, please."}]}`,
-				"ids":  `{"model":"` + testModel + `","max_tokens":1,"prompt":[11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28]}`,
-			}
-			for kind, body := range bodies {
-				d := dryRun(t, rt.url, body)
-				path := "/v1/completions"
-				if kind == "chat" {
-					path = "/v1/chat/completions"
-				}
-				code, resp, raw := post(t, rt.url, path, body)
-				if code != http.StatusOK {
-					t.Fatalf("%s: %d %s", kind, code, raw)
-				}
-				if d.PromptTokens != resp.Usage.PromptTokens && c.wantKeysOK {
-					t.Errorf("%s: the router counts %d prompt tokens, the engine %d", kind, d.PromptTokens, resp.Usage.PromptTokens)
-				}
-				keys := routerKeys(t, rt, body, path)
-				if len(keys) == 0 {
-					t.Fatalf("%s: the prompt has no full block; make it longer", kind)
-				}
-				want := c.wantKeysOK || kind == "ids" // token ids need no tokenizer
-				if got := engineHoldsChain(t, e, keys); got != want {
-					t.Errorf("%s: engine holds the router's blocks = %v, want %v", kind, got, want)
-				}
-			}
-			want := 0.0
-			if c.wantParity {
-				want = 1
-			}
-			waitFor(t, 10*time.Second, "the parity probe", func() bool {
-				return testutil.ToFloat64(rt.metrics.tokenParity.WithLabelValues(testModel)) == want
-			})
 		})
 	}
+}
+
+// parityRouter is one router of the parity test: its tokenizer dir ("" for the
+// built-in one) and whether it should match the engine.
+type parityRouter struct {
+	name   string
+	tok    string
+	wantOK bool
+}
+
+func checkParity(t *testing.T, f *fleet, pr parityRouter) {
+	cfg := testConfig(t, f)
+	if pr.tok != "" {
+		cfg.Tokenizers = tokenize.Specs{{Model: testModel, Dir: pr.tok}}
+	}
+	rt := startRouter(t, cfg)
+	e := f.engines["w0"]
+	bodies := map[string]string{
+		"text": completionBody("Routing decisions depend on token ids matching exactly, déjà vu included: 12345!", 1),
+		"chat": `{"model":"` + testModel + `","max_tokens":1,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Explain prefix caching in one line, please."}]}`,
+		"ids":  `{"model":"` + testModel + `","max_tokens":1,"prompt":[11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28]}`,
+	}
+	for kind, body := range bodies {
+		d := dryRun(t, rt.url, body)
+		path := "/v1/completions"
+		if kind == "chat" {
+			path = "/v1/chat/completions"
+		}
+		code, resp, raw := post(t, rt.url, path, body)
+		if code != http.StatusOK {
+			t.Fatalf("%s: %d %s", kind, code, raw)
+		}
+		if d.PromptTokens != resp.Usage.PromptTokens && pr.wantOK {
+			t.Errorf("%s: the router counts %d prompt tokens, the engine %d", kind, d.PromptTokens, resp.Usage.PromptTokens)
+		}
+		keys := routerKeys(t, rt, body, path)
+		if len(keys) == 0 {
+			t.Fatalf("%s: the prompt has no full block; make it longer", kind)
+		}
+		want := pr.wantOK || kind == "ids" // token ids need no tokenizer
+		if got := engineHoldsChain(t, e, keys); got != want {
+			t.Errorf("%s: engine holds the router's blocks = %v, want %v", kind, got, want)
+		}
+	}
+	want := 0.0
+	if pr.wantOK {
+		want = 1
+	}
+	waitFor(t, 30*time.Second, "the parity probe", func() bool {
+		return testutil.ToFloat64(rt.metrics.tokenParity.WithLabelValues(testModel)) == want
+	})
 }
 
 // routerKeys is what the router computes for body: the local block keys.
