@@ -39,11 +39,14 @@ func newAdmission(size int, timeout time.Duration) *admission {
 // admit runs decide until it is not errBusy, waiting in pool's queue in between.
 func (a *admission) admit(ctx context.Context, pool string, changed func() <-chan struct{}, decide func() (*Decision, error)) (*Decision, error) {
 	// Subscribe before deciding, so a release between the decision and the wait
-	// is not missed.
+	// is not missed. A request arriving while others wait joins the queue at once:
+	// it must not take a slot that frees up from the one at the head.
 	ch := changed()
-	d, err := decide()
-	if !errors.Is(err, errBusy) {
-		return d, err
+	if a.waiting(pool) == 0 {
+		d, err := decide()
+		if !errors.Is(err, errBusy) {
+			return d, err
+		}
 	}
 	turn, err := a.enqueue(pool)
 	if err != nil {
@@ -62,7 +65,7 @@ func (a *admission) admit(ctx context.Context, pool string, changed func() <-cha
 	}
 	for {
 		ch = changed()
-		d, err = decide()
+		d, err := decide()
 		if !errors.Is(err, errBusy) {
 			return d, err
 		}
@@ -127,4 +130,11 @@ func (a *admission) depth() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.n
+}
+
+// waiting is how many requests wait in pool's queue.
+func (a *admission) waiting(pool string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.queues[pool])
 }

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -174,6 +175,12 @@ func (f *Fleet) watchFile(ctx context.Context, path string, every time.Duration)
 			return
 		}
 		if last != nil && string(data) == string(last) {
+			return
+		}
+		if len(bytes.TrimSpace(data)) == 0 && len(last) > 0 {
+			// Most likely caught mid-write (truncated, not yet written): an empty
+			// fleet is said explicitly, with "workers: []".
+			f.log.Warn("workers file is empty; keeping the last list (write `workers: []` to remove every worker)", "file", path)
 			return
 		}
 		specs, err := workerspec.ParseFile(data)

@@ -32,9 +32,7 @@ func TestWorkersFileIsReloaded(t *testing.T) {
 		for _, id := range ids {
 			fmt.Fprintf(&b, "  - {id: %s, model: %s, block-size: 4, http: %s}\n", id, testModel, f.engines[id].URL())
 		}
-		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		atomicWrite(t, path, b.String())
 	}
 	write("w0")
 	cfg := testConfig(t, f)
@@ -60,9 +58,9 @@ func TestWorkersFileIsReloaded(t *testing.T) {
 	if rt.servedCount("w1") != 2 {
 		t.Errorf("w1 served %d of 4 round-robin requests after it was added, want 2", rt.servedCount("w1"))
 	}
-	if err := os.WriteFile(path, []byte("workers: [{id: broken"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	atomicWrite(t, path, "workers: [{id: broken")
+	time.Sleep(3 * cfg.WorkersRefresh)
+	atomicWrite(t, path, "") // an empty file is a half-written one: ignored
 	time.Sleep(3 * cfg.WorkersRefresh) // a broken file must not change anything
 	if !slices.Equal(ids(), []string{"w0", "w1"}) {
 		t.Fatalf("after a broken file the workers are %v, want the last good list", ids())
@@ -238,5 +236,18 @@ func TestShutdownDrainsInFlightStreams(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(r.metrics.requests.WithLabelValues(PolicyKVAware, resultOK, "w0")); got != 1 {
 		t.Errorf("requests ok = %v, want 1", got)
+	}
+}
+
+// atomicWrite replaces path's content in one step (as Kubernetes updates a
+// mounted ConfigMap), so the router never reads a half-written file.
+func atomicWrite(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -165,6 +165,13 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, p *prepare
 	}
 	defer stop()
 	d.res.FirstByte()
+	if probe {
+		// The worker answered: a half-open breaker closes now, not when a long
+		// stream ends (which would keep a healthy worker excluded meanwhile). A
+		// failure later in this stream counts like any other.
+		r.breakers.Record(worker.ID, OutcomeSuccess, true)
+		probe = false
+	}
 	w.Header().Set(HeaderServedBy, worker.ID)
 	if prefilledBy != "" {
 		w.Header().Set(HeaderPrefillBy, prefilledBy)

@@ -220,8 +220,8 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 		d.Available = max(d.Available, c.Overlap.Blocks())
 	}
 	d.Source = chosen.Overlap.Source
-	if r.cfg.Policy == PolicySession || r.cfg.Policy == PolicyPrefixHash {
-		d.Source = SourceSession
+	if (r.cfg.Policy == PolicySession && route.SessionKey != "") || (r.cfg.Policy == PolicyPrefixHash && route.PrefixKey != "") {
+		d.Source = SourceSession // without a key, the least-loaded candidate was taken: the overlap's source stands
 	}
 	if !dryRun {
 		r.reserve(d, route)
