@@ -60,7 +60,7 @@ func TestWorkersFileIsReloaded(t *testing.T) {
 	}
 	atomicWrite(t, path, "workers: [{id: broken")
 	time.Sleep(3 * cfg.WorkersRefresh)
-	atomicWrite(t, path, "") // an empty file is a half-written one: ignored
+	atomicWrite(t, path, "")           // an empty file is a half-written one: ignored
 	time.Sleep(3 * cfg.WorkersRefresh) // a broken file must not change anything
 	if !slices.Equal(ids(), []string{"w0", "w1"}) {
 		t.Fatalf("after a broken file the workers are %v, want the last good list", ids())
