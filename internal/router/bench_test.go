@@ -7,11 +7,14 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // BenchmarkRouterOverhead measures what the router adds to a request: the same
@@ -159,4 +162,82 @@ func BenchmarkPrepareAndDecide(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkLedgerCost measures what sharing load costs: three routers in front
+// of four engines route the same requests (8 clients spread over the routers)
+// with the ledger on and off. It reports ledger messages and payload bytes per
+// request (both directions, all routers) and the process CPU time per request
+// with and without the ledger, whose difference is the ledger's CPU (routers'
+// and the indexer leader's together, since all run in this process).
+//
+//	go test -run '^$' -bench LedgerCost -benchtime 3000x ./internal/router
+func BenchmarkLedgerCost(b *testing.B) {
+	f := startFleet(b, 4, func(_ int, c *fakeengine.Config) { c.BlockSize = 16; c.NumGPUBlocks = 4096 })
+	ix := startIndexer(b, f)
+	run := func(ledger bool) (cpuPerReq time.Duration, msgs, bytes float64) {
+		var rs []*testRouter
+		for i := range 3 {
+			cfg := testConfig(b, f)
+			cfg.Indexer = []string{ix.addr}
+			cfg.IndexerTimeout = time.Second
+			cfg.Ledger = ledger
+			cfg.RouterID = fmt.Sprintf("bench-%v-%d", ledger, i)
+			cfg.BlockSize = 16
+			cfg.LogLevel = "error"
+			rs = append(rs, startRouter(b, cfg))
+		}
+		if ledger {
+			for _, r := range rs {
+				waitFor(b, 20*time.Second, "the ledger", func() bool { return r.shared.connected.Load() })
+			}
+		}
+		prompt := strings.Repeat("shared system prompt ", 50)
+		n := b.N
+		var wg sync.WaitGroup
+		start := cpuTime()
+		for c := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := c; i < n; i += 8 {
+					body := fmt.Sprintf(`{"model":%q,"prompt":"%s user %d","max_tokens":4}`, testModel, prompt, i)
+					resp, err := http.Post(rs[i%3].url+"/v1/completions", "application/json", strings.NewReader(body))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+		}
+		wg.Wait()
+		cpu := cpuTime() - start
+		for _, r := range rs {
+			for _, d := range []string{"sent", "received"} {
+				msgs += testutil.ToFloat64(r.metrics.ledgerMessages.WithLabelValues(d))
+				bytes += testutil.ToFloat64(r.metrics.ledgerBytes.WithLabelValues(d))
+			}
+		}
+		return cpu / time.Duration(n), msgs / float64(n), bytes / float64(n)
+	}
+	b.ResetTimer()
+	off, _, _ := run(false)
+	on, msgs, bytes := run(true)
+	b.StopTimer()
+	b.ReportMetric(float64(off.Microseconds()), "cpu_us/req_ledger_off")
+	b.ReportMetric(float64(on.Microseconds()), "cpu_us/req_ledger_on")
+	b.ReportMetric(msgs, "ledger_msgs/req")
+	b.ReportMetric(bytes, "ledger_bytes/req")
+	// CPU seconds per second spent on the ledger at 1k requests/s.
+	b.ReportMetric(float64(on-off)/float64(time.Millisecond), "ledger_cpu_s_per_s_at_1k_rps")
+	b.ReportMetric(0, "ns/op")
+}
+
+// cpuTime is this process's user + system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
