@@ -202,3 +202,18 @@ func TestStalledStreamEndsWithIdleTimeout(t *testing.T) {
 	waitFor(t, 10*time.Second, "the engine to drop the stalled request", func() bool { return engineRunning(t, f.engines["w0"]) == 0 })
 	rt.assertNoLoad(t, f.ids)
 }
+
+// The engine's trailers (sent after a streamed body) reach the client.
+func TestTrailersAreRelayed(t *testing.T) {
+	f := startFleet(t, 1, nil)
+	rt := startRouter(t, testConfig(t, f))
+	resp, err := http.Post(rt.url+"/v1/completions", "application/json", strings.NewReader(streamBody(words("trailer", 10), 3)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if got := resp.Trailer.Get(fakeengine.HeaderSimTTFT); got == "" {
+		t.Errorf("trailer %s missing; trailers %v", fakeengine.HeaderSimTTFT, resp.Trailer)
+	}
+}

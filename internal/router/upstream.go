@@ -201,6 +201,11 @@ func (r *Router) relay(client context.Context, w http.ResponseWriter, resp *http
 			}
 		}
 		if errors.Is(err, io.EOF) {
+			// The engine's trailers (vLLM-style timing, the fake engine's X-Sim-*)
+			// arrive after the body: pass them on.
+			for k, vs := range resp.Trailer {
+				w.Header()[http.TrailerPrefix+k] = vs
+			}
 			return nil
 		}
 		if err != nil {
