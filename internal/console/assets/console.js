@@ -116,7 +116,10 @@ const KV = (() => {
         "aria-sort": col.key === this.sort ? (this.dir > 0 ? "ascending" : "descending") : "none",
       }, el("button", { type: "button", text: col.label, onclick: () => {
         if (this.sort === col.key) this.dir = -this.dir; else { this.sort = col.key; this.dir = col.num ? -1 : 1; }
+        this.page = 0;
         this.render();
+        const again = this.table.querySelector(`th:nth-child(${cols.indexOf(col) + 1}) button`);
+        if (again) again.focus(); // the header was redrawn: keep the keyboard where it was
       } }))), this.actions ? el("th", { scope: "col", text: "Actions" }) : null);
       const body = shown.map((r) => el("tr", { "data-key": r[this.key] }, ...cols.map((col) => {
         const v = col.fmt ? col.fmt(r[col.key], r) : r[col.key];
