@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -369,9 +371,39 @@ func (s indexService) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStrea
 	}
 }
 
+// Dump streams the index. A client that stops reading would block Send for
+// ever and hold the one dump slot: when no message could be sent for the write
+// timeout (--http-write-timeout, else dumpStallTimeout), the stream ends with
+// DEADLINE_EXCEEDED, which unblocks the pending Send and frees the slot.
 func (s indexService) Dump(req *kvindexv1.DumpRequest, stream grpc.ServerStreamingServer[kvindexv1.DumpResponse]) error {
-	return s.a.dump(stream.Context(), req, func(m *kvindexv1.DumpResponse) error { return stream.Send(m) })
+	stall := cmp.Or(s.a.writeTimeout, dumpStallTimeout)
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	done := make(chan error, 1)
+	go func() {
+		done <- s.a.dump(stream.Context(), req, func(m *kvindexv1.DumpResponse) error {
+			err := stream.Send(m)
+			last.Store(time.Now().UnixNano())
+			return err
+		})
+	}()
+	tick := time.NewTicker(stall / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-tick.C:
+			if idle := time.Since(time.Unix(0, last.Load())); idle > stall {
+				return fmt.Errorf("%w: the client read nothing of the dump for %s", ErrRequestTimeout, idle.Round(time.Millisecond))
+			}
+		}
+	}
 }
+
+// dumpStallTimeout ends a gRPC dump whose client stopped reading, when no write
+// timeout is configured.
+const dumpStallTimeout = 30 * time.Second
 
 // dump sends the index as STORED changes, in messages of at most
 // maxChangesPerMessage changes (at least one message).

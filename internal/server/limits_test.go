@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -18,6 +19,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/internal/kvblock"
+	"github.com/kvindex/kvindex/internal/radix"
 )
 
 // TestLimitsRefuseClearlyAndServeOthers drives each resource limit past its
@@ -254,3 +257,69 @@ func TestLimitsRefuseClearlyAndServeOthers(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A gRPC client that opens a Dump and stops reading cannot keep the one dump
+// slot: once nothing could be sent for the write timeout, the stream ends and
+// the next Dump runs to its end.
+func TestStalledDumpReaderFreesTheSlot(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPWriteTimeout = 500 * time.Millisecond
+	srv, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Enough blocks that the dump cannot fit in the flow-control windows of a
+	// client that reads nothing (64 KiB each, as set below).
+	ns := kvblock.Namespace{Model: testModel}.ID()
+	keys, hashes := make([]uint64, 512), make([]uint64, 512)
+	for s := range 64 {
+		for i := range keys {
+			keys[i], hashes[i] = uint64(s)<<32|uint64(i)+1, uint64(s)<<32|uint64(i)+1
+		}
+		if _, err := srv.Index().Stored(radix.WorkerKey{Worker: "w"}, ns, 0, false, hashes, keys, radix.TierGPU); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	dialSmall := func() *grpc.ClientConn {
+		cc, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return cc
+	}
+	stalled, err := kvindexv1.NewIndexServiceClient(dialSmall()).Dump(context.Background(), &kvindexv1.DumpRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = stalled // never read
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s, err := kvindexv1.NewIndexServiceClient(dialSmall()).Dump(context.Background(), &kvindexv1.DumpRequest{})
+		n := 0
+		for err == nil {
+			var m *kvindexv1.DumpResponse
+			if m, err = s.Recv(); err == nil {
+				n += len(m.Changes)
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			if n != 64*512 {
+				t.Fatalf("the dump after the stalled one sent %d changes, want %d", n, 64*512)
+			}
+			return
+		}
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("dump: %v", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled reader still holds the dump slot after 30 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
