@@ -3,6 +3,7 @@
   const { $, el, fmtInt, fmtNum, fmtPct, fmtBytes, fmtTime, badge, bar, setText } = KV;
   KV.initTheme();
   let state = null;
+  const num = (v) => (v === undefined || v === null ? "—" : String(v));
   const workers = new KV.Table({
     root: $("#workers"), key: "id", label: "Workers", pageSize: 25,
     columns: [
@@ -33,9 +34,9 @@
     setText("node-id", s.node_id);
     const c = s.cluster;
     setText("c-leader", c.leader || "none");
-    setText("c-term", String(c.term));
-    setText("c-commit", String(c.commit_index));
-    setText("c-applied", String(c.applied_index));
+    setText("c-term", num(c.term));
+    setText("c-commit", num(c.commit_index));
+    setText("c-applied", num(c.applied_index));
     $("#members").replaceChildren(
       el("thead", {}, el("tr", {}, ...["Member", "Raft address", "Suffrage", "Role", "Applied", "Lag"].map((h, i) =>
         el("th", { scope: "col", class: i >= 4 ? "num" : null, text: h })))),
@@ -54,7 +55,7 @@
     setText("i-namespaces", fmtInt(ix.namespaces));
     setText("i-detached", fmtInt(ix.detached_blocks));
     setText("i-heap", fmtBytes(ix.heap_bytes));
-    setText("i-applied", String(ix.applied_index));
+    setText("i-applied", num(ix.applied_index));
     $("#i-counters").replaceChildren(...Object.keys(ix.counters || {}).sort().flatMap((k) =>
       [el("dt", { text: k.replaceAll("_", " ") }), el("dd", { text: fmtInt(ix.counters[k]) })]));
     workers.set(s.workers);
