@@ -3,14 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -73,23 +70,9 @@ func (c *common) client() (*kvindex.Client, error) {
 		}
 	}
 	if c.tlsCA != "" || c.tlsCert != "" {
-		cfg := &tls.Config{ServerName: c.tlsServerName, MinVersion: tls.VersionTLS12}
-		if c.tlsCA != "" {
-			pem, err := os.ReadFile(c.tlsCA)
-			if err != nil {
-				return nil, fmt.Errorf("--tls-ca: %w", err)
-			}
-			cfg.RootCAs = x509.NewCertPool()
-			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", c.tlsCA)
-			}
-		}
-		if c.tlsCert != "" {
-			cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
-			if err != nil {
-				return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
-			}
-			cfg.Certificates = []tls.Certificate{cert}
+		cfg, err := kvindex.ClientTLS(c.tlsCA, c.tlsCert, c.tlsKey, c.tlsServerName)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-ca/--tls-cert/--tls-key: %w", err)
 		}
 		opts.TLS = cfg
 	}

@@ -79,6 +79,9 @@ type Config struct {
 	// IndexerToken is sent as a bearer token on the ledger stream (the indexer's
 	// --admin-token, which LoadService requires when set).
 	IndexerToken string
+	// TLS to the indexer: a CA to verify it (enables TLS), a client certificate
+	// for mutual TLS, and a server name to verify instead of the address's host.
+	IndexerTLSCA, IndexerTLSCert, IndexerTLSKey, IndexerTLSServerName string
 
 	Workers            []workerspec.Spec
 	WorkersFile        string
@@ -345,6 +348,10 @@ func registerFlags(fs *flag.FlagSet, c *Config) {
 	fs.DurationVar(&c.LedgerInterval, "ledger-interval", c.LedgerInterval, "how often the router reports what changed of its load to the ledger")
 	fs.StringVar(&c.RouterID, "router-id", c.RouterID, "this router's name on the ledger (default host-pid)")
 	fs.StringVar(&c.IndexerToken, "indexer-token", c.IndexerToken, "bearer token for the ledger stream: the indexer's --admin-token, when it has one")
+	fs.StringVar(&c.IndexerTLSCA, "indexer-tls-ca", c.IndexerTLSCA, "PEM CA `file` to verify the indexer with (enables TLS to it)")
+	fs.StringVar(&c.IndexerTLSCert, "indexer-tls-cert", c.IndexerTLSCert, "PEM client certificate `file` for mutual TLS with the indexer (with --indexer-tls-key)")
+	fs.StringVar(&c.IndexerTLSKey, "indexer-tls-key", c.IndexerTLSKey, "PEM client key `file` for mutual TLS with the indexer")
+	fs.StringVar(&c.IndexerTLSServerName, "indexer-tls-server-name", c.IndexerTLSServerName, "server name to verify the indexer's certificate against instead of the address's host")
 	fs.Var((*workerspec.List)(&c.Workers), "worker", "a worker in the indexer's syntax `id=…,http=URL,model=M[,role=both|prefill|decode][,dp-size=N][,block-size=N][,label.k=v]` (repeatable; event keys are accepted and ignored)")
 	fs.StringVar(&c.WorkersFile, "workers-file", c.WorkersFile, "YAML `file` of workers (the indexer's layout), re-read when it changes")
 	fs.BoolVar(&c.WorkersFromIndexer, "workers-from-indexer", c.WorkersFromIndexer, "take the workers from the indexer's registry (kept current by polling and Watch)")

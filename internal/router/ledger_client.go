@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
@@ -40,6 +42,7 @@ type fleetLedger struct {
 	addrs    []string
 	token    string
 	interval time.Duration
+	tls      *tls.Config // nil: plaintext
 
 	remote    atomic.Pointer[map[Target]Load] // nil while disconnected
 	connected atomic.Bool
@@ -138,7 +141,11 @@ func (f *fleetLedger) conn(addr string) (*grpc.ClientConn, error) {
 	if cc := f.conns[addr]; cc != nil {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if f.tls != nil {
+		creds = credentials.NewTLS(f.tls)
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, err
 	}

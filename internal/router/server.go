@@ -109,7 +109,14 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		r.scraper = &engineScraper{loads: map[Target]EngineLoad{}}
 	}
 	if len(cfg.Indexer) > 0 {
-		c, err := kvindex.New(kvindex.Options{Addrs: cfg.Indexer})
+		opts := kvindex.Options{Addrs: cfg.Indexer}
+		if cfg.IndexerTLSCA != "" || cfg.IndexerTLSCert != "" {
+			if opts.TLS, err = kvindex.ClientTLS(cfg.IndexerTLSCA, cfg.IndexerTLSCert, cfg.IndexerTLSKey, cfg.IndexerTLSServerName); err != nil {
+				tcache.Close()
+				return nil, fmt.Errorf("%w: --indexer-tls-*: %v", ErrInvalidConfig, err)
+			}
+		}
+		c, err := kvindex.New(opts)
 		if err != nil {
 			tcache.Close()
 			return nil, err
@@ -131,7 +138,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 				host, _ := os.Hostname()
 				id = fmt.Sprintf("%s-%d", host, os.Getpid())
 			}
-			r.shared = &fleetLedger{r: r, id: id, addrs: cfg.Indexer, token: cfg.IndexerToken, interval: cfg.LedgerInterval,
+			r.shared = &fleetLedger{r: r, id: id, addrs: cfg.Indexer, token: cfg.IndexerToken, interval: cfg.LedgerInterval, tls: opts.TLS,
 				conns: map[string]*grpc.ClientConn{}, routers: map[string]bool{},
 				others: newOverlay(cfg.PredictedTTL, cfg.PredictedTTL, cfg.OverlayMaxBlocks)}
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_router_ledger_staleness_seconds",

@@ -289,3 +289,70 @@ func waitForCond(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A router reaches an indexer served over mutual TLS (--indexer-tls-*): its
+// queries are answered and its ledger stream is up; without the CA it is not.
+func TestRouterOverMutualTLS(t *testing.T) {
+	pki := newTestPKI(t)
+	f := newMutualTLSFixture(t, pki)
+	var workers []workerspec.Spec
+	for name, e := range f.engines {
+		workers = append(workers, workerspec.Spec{ID: name, Model: e.Config().Model, BlockSize: 4, HTTP: e.URL()})
+	}
+	start := func(secure bool) *routerProc {
+		cfg := router.DefaultConfig()
+		cfg.Listen = "127.0.0.1:0"
+		cfg.Indexer = []string{f.srv.GRPCAddr()}
+		cfg.IndexerTimeout = 2 * time.Second
+		if secure {
+			cfg.IndexerTLSCA, cfg.IndexerTLSCert, cfg.IndexerTLSKey = pki.caFile, pki.peerCert, pki.peerKey
+		}
+		cfg.Workers = workers
+		cfg.BlockSize = 4
+		r, err := router.New(cfg, clusterLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx, l) }()
+		p := &routerProc{r: r, url: "http://" + l.Addr().String(), stop: func() { cancel(); <-done }}
+		t.Cleanup(p.stop)
+		return p
+	}
+	rp := start(true)
+	waitForCond(t, 20*time.Second, "the router's ledger over TLS", func() bool { return metric(t, rp.url, "kvindex_router_ledger_connected") == 1 })
+	model := workers[0].Model
+	for i := range 2 {
+		resp, err := http.Post(rp.url+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"over tls %d","max_tokens":1}`, model, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	if up := metric(t, rp.url, "kvindex_router_indexer_up"); up != 1 {
+		t.Errorf("indexer_up = %v over TLS, want 1", up)
+	}
+	if n := metric(t, rp.url, `kvindex_router_indexer_query_seconds_count{result="ok"}`); n < 1 {
+		t.Errorf("no indexer query answered over TLS")
+	}
+	// Without TLS settings the router cannot talk to it (and says so), yet serves.
+	plain := start(false)
+	resp, err := http.Post(plain.url+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"plain","max_tokens":1}`, model)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("a router that cannot reach the indexer answered %s; it must route on its own", resp.Status)
+	}
+	if metric(t, plain.url, "kvindex_router_ledger_connected") != 0 || metric(t, plain.url, `kvindex_router_indexer_query_seconds_count{result="ok"}`) != 0 {
+		t.Errorf("a plaintext router talked to the TLS indexer")
+	}
+}
