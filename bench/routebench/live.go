@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/traces"
 )
 
@@ -281,9 +282,9 @@ func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate 
 // send streams one request through the router, as chat clients do (so the
 // router's prefill load is released at the first token, not at the end), and
 // reads usage.cached_tokens from the final usage chunk. TTFT and E2E are the
-// client's wall-clock times divided by --time-scale (simulated time plus the
-// router's overhead and the engines' real scheduling, also divided): the
-// router drops the engines' X-Sim-* trailers.
+// engine's simulated ones from its X-Sim-* trailers when the router relays them,
+// else the client's wall-clock times divided by --time-scale (which also divides
+// the router's overhead and the engines' real scheduling delays).
 func (f *fleet) send(ctx context.Context, base string, r *traces.Request) outcome {
 	o := outcome{arrival: r.Arrival, promptTokens: len(r.Prompt), outputTokens: r.OutputTokens}
 	body, _ := json.Marshal(map[string]any{"model": simModel, "prompt": r.Prompt, "max_tokens": r.OutputTokens,
@@ -342,8 +343,27 @@ func (f *fleet) send(ctx context.Context, base string, r *traces.Request) outcom
 	o.e2e = time.Duration(float64(time.Since(t0)) / scale)
 	if sc.Err() != nil || !done || !gotUsage {
 		o.failed = true
+		return o
+	}
+	// The engine's own simulated timings come as trailers after the body, when
+	// the router relays them; they replace the client's clock.
+	io.Copy(io.Discard, resp.Body)
+	if ttft, ok := trailerMs(resp.Trailer, fakeengine.HeaderSimTTFT); ok {
+		o.ttft = ttft
+	}
+	if e2e, ok := trailerMs(resp.Trailer, fakeengine.HeaderSimE2E); ok {
+		o.e2e = e2e
 	}
 	return o
+}
+
+// trailerMs reads a trailer holding milliseconds.
+func trailerMs(h http.Header, name string) (time.Duration, bool) {
+	v, err := strconv.ParseFloat(h.Get(name), 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(v * float64(time.Millisecond)), true
 }
 
 // overheadQuantiles reads the router's kvindex_router_overhead_seconds histogram
