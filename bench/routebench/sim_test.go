@@ -90,6 +90,15 @@ func TestOfflineConservesRequests(t *testing.T) {
 // cache must end exactly as the simulated worker's did (the simulator drives the
 // engine model and adds nothing to it).
 func TestOfflineCachesEqualTheEngineModelAlone(t *testing.T) {
+	// Eviction must happen in at least one run (round-robin, which has no random
+	// choice, always spreads the trace enough); kv-aware may keep every worker's
+	// cache below its size.
+	evicted := false
+	defer func() {
+		if !evicted {
+			t.Errorf("no worker filled its cache in any run: the test does not exercise eviction")
+		}
+	}()
 	for _, policy := range []string{"kv-aware", "round-robin", "oracle"} {
 		t.Run(policy, func(t *testing.T) {
 			cfg := smallConfig()
@@ -105,7 +114,6 @@ func TestOfflineCachesEqualTheEngineModelAlone(t *testing.T) {
 			if _, err := s.run(); err != nil {
 				t.Fatal(err)
 			}
-			evicted := false
 			for w := range s.ranks {
 				got := s.ranks[w].Blocks()
 				want := replayAlone(t, &cfg, w, s.submissions[w])
@@ -115,9 +123,6 @@ func TestOfflineCachesEqualTheEngineModelAlone(t *testing.T) {
 					t.Fatalf("worker %d: simulated cache has %d blocks, the engine model alone %d", w, len(got), len(want))
 				}
 				evicted = evicted || len(got) >= cfg.GPUBlocks
-			}
-			if !evicted {
-				t.Errorf("no worker filled its cache: the test does not exercise eviction")
 			}
 		})
 	}
