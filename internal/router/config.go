@@ -167,7 +167,7 @@ func DefaultConfig() Config {
 		Policy:                   PolicyKVAware,
 		Mode:                     ModeAuto,
 		Cost:                     CostDynamo,
-		PrefillScale:             1,
+		PrefillScale:             8,
 		CreditHalfLife:           64,
 		SessionWeight:            0.25,
 		PredictedTTL:             5 * time.Second,
@@ -363,7 +363,7 @@ func registerFlags(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.Mode, "router-mode", c.Mode, "auto: the policy picks; direct: dispatch to the x-worker-instance-id (and x-prefill-instance-id) header, the policy when absent")
 	fs.StringVar(&c.Cost, "router-cost", c.Cost, "kv-aware cost: dynamo (prefill_scale·max(active_prefill+prompt−credit·overlap, 0)+active_decode) or lmetric (uncached_prefill·(load+1))")
 	fs.Float64Var(&c.Temperature, "router-temperature", c.Temperature, "0: argmin of the cost with random tie-break; >0: softmax sampling over normalized costs")
-	fs.Float64Var(&c.PrefillScale, "prefill-scale", c.PrefillScale, "weight of prefill blocks against decode blocks in the dynamo cost")
+	fs.Float64Var(&c.PrefillScale, "prefill-scale", c.PrefillScale, "weight of prefill blocks against decode blocks in the dynamo cost: a block prefilled costs the engine far more than a block held by a decoding sequence (bench/RESULTS.md, route bench)")
 	fs.Float64Var(&c.CreditHalfLife, "credit-half-life-blocks", c.CreditHalfLife, "hot-spot guard: a candidate's cache credit halves per this many blocks of active prefill above the least-loaded candidate's")
 	fs.Float64Var(&c.SessionWeight, "session-weight", c.SessionWeight, "kv-aware: cost bonus (fraction of the prompt's blocks) for the worker a session last went to; a soft preference, never a pin")
 	fs.DurationVar(&c.PredictedTTL, "router-predicted-ttl", c.PredictedTTL, "how long a decision counts as predicted overlap for its worker (co-locates a burst before the engine's events arrive)")

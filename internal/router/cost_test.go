@@ -13,8 +13,10 @@ func costCandidate(id string, prefillTokens, decodeBlocks, overlap int) Candidat
 
 // The dynamo cost, term by term, on hand-computed cases.
 func TestKVAwareCostFormula(t *testing.T) {
-	cfg := DefaultConfig()                                                     // prefill scale 1, half-life 64 blocks, session weight 0.25
-	req := &RouteRequest{PromptTokens: 1600, OutputTokens: 160, BlockSize: 16} // 100 prompt blocks, 110 own blocks
+	cfg := DefaultConfig() // half-life 64 blocks, session weight 0.25
+	cfg.PrefillScale = 1   // so that the terms add up plainly
+	// 100 prompt blocks, 110 own blocks.
+	req := &RouteRequest{PromptTokens: 1600, OutputTokens: 160, BlockSize: 16}
 	for _, c := range []struct {
 		name string
 		cand Candidate
