@@ -42,6 +42,11 @@ type ApplyResult struct {
 	// the other Ops of the batch were applied. Refusals are deterministic, so replicas agree.
 	OpErrors int
 	FirstErr error
+	// Detached counts stored blocks the index could not place because the
+	// worker never reported their parent (kept detached, or dropped beyond the
+	// bound); DetachedParent is the first such parent's engine hash.
+	Detached       int
+	DetachedParent uint64
 }
 
 // Apply applies b unless the stream has already applied it: a batch is new when its
@@ -69,7 +74,8 @@ func (a *Applier) Apply(b StreamBatch) ApplyResult {
 		a.ops = ops[:0]
 	}
 
-	res := ApplyResult{Applied: true, OpErrors: out.Refused}
+	res := ApplyResult{Applied: true, OpErrors: out.Refused,
+		Detached: out.Stored.Detached + out.Stored.Dropped, DetachedParent: out.DetachedParent}
 	var refused *radix.OpError
 	if errors.As(out.Err, &refused) {
 		res.FirstErr = fmt.Errorf("stream %s/%d seq %d op %d: %w", b.Stream.Worker, b.Stream.DPRank, b.Seq, refused.Op-first, refused.Err)

@@ -47,6 +47,10 @@ type BatchResult struct {
 	// (or ErrInvalidOp); they changed nothing, and the others were applied.
 	Refused int
 	Err     error // the first refusal, an *OpError; nil when none
+	// DetachedParent is the parent hash of the first stored op whose blocks
+	// were kept detached or dropped (Stored.Detached, Stored.Dropped): the
+	// engine hash the worker never reported.
+	DetachedParent uint64
 }
 
 // prefetchWindow is how many blocks ApplyOps reads ahead: enough to overlap the
@@ -99,6 +103,9 @@ func (ix *Index) ApplyOps(w WorkerKey, ops []Op) BatchResult {
 				known = true
 			}
 			r := st.stored(wid, op.Namespace, op.Parent, op.HasParent, op.Hashes, op.Keys, op.Tier.bit())
+			if r.Detached+r.Dropped > 0 && res.Stored.Detached+res.Stored.Dropped == 0 {
+				res.DetachedParent = op.Parent
+			}
 			res.Stored.add(r)
 		case OpRemoved:
 			if op.Tier >= NumTiers {

@@ -178,7 +178,7 @@ func TestApplyOpsEdgeCases(t *testing.T) {
 			{Kind: OpStored, Namespace: ns1, Hashes: u(1), Keys: u(10), Tier: TierCPU},
 			{Kind: OpStored, Parent: 2, HasParent: true, Hashes: u(3), Keys: u(30)},
 		},
-		want:    BatchResult{Stored: StoreResult{Attached: 3, Detached: 1}},
+		want:    BatchResult{Stored: StoreResult{Attached: 3, Detached: 1}, DetachedParent: 2},
 		matches: []WorkerMatch{m(wA, 0, 1, 0)},
 	}, {
 		name: "empty batch and empty ops change nothing",
@@ -189,7 +189,8 @@ func TestApplyOpsEdgeCases(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ix := New(Config{})
 			got := ix.ApplyOps(wA, tt.ops)
-			if got.Stored != tt.want.Stored || got.Removed != tt.want.Removed || got.Refused != tt.want.Refused || !sameRefusal(got.Err, tt.want.Err) {
+			if got.Stored != tt.want.Stored || got.Removed != tt.want.Removed || got.Refused != tt.want.Refused ||
+				!sameRefusal(got.Err, tt.want.Err) || got.DetachedParent != tt.want.DetachedParent {
 				t.Errorf("ApplyOps = %+v (err %v), want %+v (err %v)", got, got.Err, tt.want, tt.want.Err)
 			}
 			if got := ix.Match(ns1, u(10, 20, 30), nil, nil); !reflect.DeepEqual(got, tt.matches) && len(got)+len(tt.matches) > 0 {

@@ -49,6 +49,21 @@ func addTiers(per *[NumTiers]int, mask uint8) {
 	}
 }
 
+// DetachedBlocks returns, per worker name, how many blocks its dp ranks keep
+// detached (parent unknown), for workers that keep any. It costs O(holders).
+func (ix *Index) DetachedBlocks() map[string]int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	out := map[string]int{}
+	for _, wid := range ix.st.order {
+		ws := ix.st.workers[wid]
+		if n := len(ws.detached); n > 0 {
+			out[ws.key.Worker] += n
+		}
+	}
+	return out
+}
+
 // HeldBlocks returns how many engine hashes holder w has attached in the tree
 // (0 for an unknown holder). It costs one map lookup.
 func (ix *Index) HeldBlocks(w WorkerKey) int {

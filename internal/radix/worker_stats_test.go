@@ -1,6 +1,7 @@
 package radix
 
 import (
+	"maps"
 	"slices"
 	"testing"
 )
@@ -27,6 +28,9 @@ func TestHolderStatsCountTiersAndAliasesOnce(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("HolderStats = %+v, want %+v", got, want)
+	}
+	if got := ix.DetachedBlocks(); !maps.Equal(got, map[string]int{"a": 1}) {
+		t.Errorf("DetachedBlocks = %v, want a: 1", got)
 	}
 	if got := ix.HolderStats([]string{"b"}); len(got) != 1 || got[0].Worker != b {
 		t.Errorf("filtered HolderStats = %+v", got)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -100,8 +101,11 @@ type fsm struct {
 	applying  sync.RWMutex
 	appliedMu sync.Mutex
 	appliedCh chan struct{} // closed and replaced when lastIndex moves; guarded by appliedMu
-	stopErr   atomic.Pointer[error]
-	stopped   chan struct{} // closed when the FSM stops
+	// detachedWarned: when each worker's detached blocks were last logged
+	// (warnDetached); only the apply goroutine uses it.
+	detachedWarned map[string]time.Time
+	stopErr        atomic.Pointer[error]
+	stopped        chan struct{} // closed when the FSM stops
 }
 
 var _ raft.FSM = (*fsm)(nil)
@@ -110,8 +114,29 @@ func newFSM(applier *ingest.Applier, log *slog.Logger, m *metrics, onWorkers fun
 	return &fsm{
 		applier: applier, log: log, metrics: m, onWorkers: onWorkers, onBatch: onBatch,
 		workers: map[string]workerspec.Spec{}, tombstones: map[string]uint64{}, members: map[string]string{},
-		stopped: make(chan struct{}), appliedCh: make(chan struct{}),
+		stopped: make(chan struct{}), appliedCh: make(chan struct{}), detachedWarned: map[string]time.Time{},
 	}
+}
+
+// detachedWarnEvery is how often a worker's detached blocks are logged at most.
+const detachedWarnEvery = time.Minute
+
+// warnDetached logs, at most once per detachedWarnEvery per worker, that a
+// batch stored blocks under a parent the worker never reported: such blocks
+// cannot match, and a worker whose blocks all detach scores nothing (an engine
+// that sends a made-up root parent, or a stream joined mid-chain).
+func (f *fsm) warnDetached(s ingest.Stream, out ingest.ApplyResult) {
+	now := time.Now()
+	if last, ok := f.detachedWarned[s.Worker]; ok && now.Sub(last) < detachedWarnEvery {
+		return
+	}
+	if len(f.detachedWarned) >= maxTombstones {
+		clear(f.detachedWarned)
+	}
+	f.detachedWarned[s.Worker] = now
+	f.log.Warn("blocks stored under a parent the worker never reported are kept detached and cannot match",
+		"worker", s.Worker, "dp_rank", s.DPRank, "blocks", out.Detached, "missing_parent", fmt.Sprintf("%#x", out.DetachedParent),
+		"every", detachedWarnEvery)
 }
 
 func (f *fsm) setApplied(index uint64) {
@@ -189,6 +214,9 @@ func (f *fsm) applyBatches(index uint64, batches []ingest.StreamBatch) ApplyResu
 				res.Duplicates++
 			}
 			res.OpErrors += out.OpErrors
+			if out.Detached > 0 {
+				f.warnDetached(b.Stream, out)
+			}
 			if out.FirstErr != nil {
 				f.log.Debug("index refused ops of a batch", "index", index, "ops", out.OpErrors, "first", out.FirstErr)
 			}
