@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"time"
 
@@ -210,6 +211,7 @@ func (s *session) flusher() {
 		s.mu.Unlock()
 		// raft keeps data (log cache, replication), so it is never reused.
 		p.future = s.n.raft.Apply(data, 0)
+		answerOnStop(p.future, s.n.raftStopped)
 		s.n.metrics.inflight.Inc()
 		s.inflight <- p
 	}
@@ -257,10 +259,9 @@ func (s *session) join() bool {
 }
 
 // close ends the session with cause and waits until nothing of it runs: the
-// RunWhileLeader functions have returned and every proposal has been decided, so
-// the next session starts after all of this one's commits. Once raft has shut
-// down it does not wait for the proposals: raft leaves the futures of entries it
-// had committed but not applied unanswered, and the waiter stays blocked on one.
+// RunWhileLeader functions have returned and every proposal has been decided
+// (or abandoned because raft stopped: answerOnStop), so the next session starts
+// after all of this one's commits and no goroutine of it outlives the node.
 func (s *session) close(cause error) {
 	s.end(cause)
 	s.fnMu.Lock()
@@ -268,8 +269,24 @@ func (s *session) close(cause error) {
 	s.fnMu.Unlock()
 	s.fns.Wait()
 	<-s.flushed
-	select {
-	case <-s.waited:
-	case <-s.n.raftStopped:
+	<-s.waited
+}
+
+// answerOnStop makes f.Error return raft.ErrRaftShutdown once stopped is
+// closed. hashicorp/raft answers the future of every entry it applies, and of
+// every committed entry it can no longer queue for the FSM when it shuts down,
+// but not of the entries already queued for the FSM when it stops: whoever
+// waits on one of those would wait forever (the session's waiter did, past the
+// node's end). raft's futures have a ShutdownCh for exactly this, which raft
+// fills in for its other calls but not for Apply; this fills it in. It must
+// run before anyone calls f.Error.
+func answerOnStop(f raft.ApplyFuture, stopped chan struct{}) {
+	v := reflect.ValueOf(f)
+	if v.Kind() != reflect.Pointer || v.IsNil() {
+		return
+	}
+	ch := v.Elem().FieldByName("ShutdownCh")
+	if ch.IsValid() && ch.CanSet() && ch.Type() == reflect.TypeOf(stopped) {
+		ch.Set(reflect.ValueOf(stopped))
 	}
 }
