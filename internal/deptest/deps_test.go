@@ -31,9 +31,10 @@ var rules = []struct {
 	{pkg: "internal/openai", mayImport: []string{"internal/tokenize"},
 		mustAvoid: []string{"github.com/hashicorp/raft", "github.com/pebbe/zmq4", "google.golang.org/grpc"}},
 	{pkg: "internal/console", stdlibOnly: true},
-	{pkg: "internal/router", mayImport: []string{"api/", "clients/go", "internal/console", "internal/kvblock", "internal/tokenize", "internal/openai", "internal/workerspec", "internal/envflag", "internal/logging"},
+	{pkg: "internal/router", mayImport: []string{"api/", "clients/go", "internal/console", "internal/retry", "internal/kvblock", "internal/tokenize", "internal/openai", "internal/workerspec", "internal/envflag", "internal/logging"},
 		mustAvoid: []string{"github.com/hashicorp/raft", "github.com/hashicorp/raft-boltdb", "github.com/pebbe/zmq4", "go.etcd.io/bbolt"}},
-	{pkg: "clients/go", mayImport: []string{"api/"},
+	{pkg: "internal/retry", stdlibOnly: true},
+	{pkg: "clients/go", mayImport: []string{"api/", "internal/retry"},
 		mustAvoid: []string{"github.com/hashicorp/raft", "github.com/hashicorp/raft-boltdb", "github.com/pebbe/zmq4"}},
 }
 
