@@ -1,13 +1,16 @@
 package kvindex
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"sync"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -16,8 +19,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/internal/retry"
 )
 
 // Options configure a Client.
@@ -31,8 +36,16 @@ type Options struct {
 	// AdminToken is sent as "authorization: Bearer <token>" with writes.
 	AdminToken string
 	// MaxAttempts bounds the tries of one call over members and leader
-	// redirects; 0 means len(Addrs) + 2.
+	// redirects (and a Watch's consecutive failed resumes); 0 means
+	// max(len(Addrs) + 2, 10), which with the default backoff spans an
+	// election of a few seconds.
 	MaxAttempts int
+	// MinBackoff and MaxBackoff bound the pause between two attempts, which
+	// doubles from MinBackoff up to MaxBackoff with random jitter (between half
+	// and all of it), and never outlasts the call's context (0: 25 ms and 1 s).
+	// A read tries every member once before it pauses; a redirect to the
+	// leader is followed at once.
+	MinBackoff, MaxBackoff time.Duration
 	// DialOptions are added to every connection's.
 	DialOptions []grpc.DialOption
 }
@@ -43,7 +56,8 @@ type Options struct {
 // to the leader, following a follower's not-leader answer to the leader it
 // names. Safe for concurrent use.
 type Client struct {
-	opts Options
+	opts    Options
+	backoff retry.Backoff
 
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn // guarded by mu
@@ -62,9 +76,13 @@ func New(opts Options) (*Client, error) {
 	}
 	opts.Addrs = slices.Clone(opts.Addrs)
 	if opts.MaxAttempts <= 0 {
-		opts.MaxAttempts = len(opts.Addrs) + 2
+		opts.MaxAttempts = max(len(opts.Addrs)+2, 10)
 	}
-	return &Client{opts: opts, conns: map[string]*grpc.ClientConn{}}, nil
+	b := retry.Backoff{Initial: cmp.Or(opts.MinBackoff, retry.Default.Initial), Max: cmp.Or(opts.MaxBackoff, retry.Default.Max)}
+	if err := b.Validate(); err != nil {
+		return nil, fmt.Errorf("kvindex: MinBackoff=%v, MaxBackoff=%v: %w", opts.MinBackoff, opts.MaxBackoff, err)
+	}
+	return &Client{opts: opts, backoff: b, conns: map[string]*grpc.ClientConn{}}, nil
 }
 
 // Close closes every connection.
@@ -117,13 +135,19 @@ func retriable(err error) bool {
 	return status.Code(err) == codes.Unavailable
 }
 
-// read runs call on one member after another until one answers.
+// read runs call on one member after another until one answers; once every
+// member was tried, it pauses (backoff) before each further attempt.
 func (c *Client) read(ctx context.Context, call func(*grpc.ClientConn) error) error {
 	c.mu.Lock()
 	start := c.next
 	c.mu.Unlock()
 	var err error
 	for attempt := range c.opts.MaxAttempts {
+		if n := attempt - len(c.opts.Addrs); n >= 0 {
+			if c.backoff.Wait(ctx, n) != nil {
+				return err
+			}
+		}
 		addr := c.opts.Addrs[(start+attempt)%len(c.opts.Addrs)]
 		if leader, ok := NotLeader(err); ok && leader != "" {
 			addr = leader // a linearizable read reached a follower
@@ -162,6 +186,7 @@ func (c *Client) write(ctx context.Context, retryUnavailable bool, call func(con
 		addr, member = c.opts.Addrs[0], 1
 	}
 	var err error
+	pauses := 0
 	for range c.opts.MaxAttempts {
 		cc, dialErr := c.conn(addr)
 		if dialErr != nil {
@@ -181,9 +206,14 @@ func (c *Client) write(ctx context.Context, retryUnavailable bool, call func(con
 		case notLeader && leader != "" && leader != addr:
 			addr = leader
 		case notLeader || (retryUnavailable && retriable(err)):
-			// No leader known yet (an election), or the member is down: try the next.
+			// No leader known yet (an election), or the member is down: try
+			// the next after a pause.
 			addr = c.opts.Addrs[member%len(c.opts.Addrs)]
 			member++
+			if c.backoff.Wait(ctx, pauses) != nil {
+				return err
+			}
+			pauses++
 		default:
 			return err
 		}
@@ -285,28 +315,131 @@ func (c *Client) Dump(ctx context.Context, req *kvindexv1.DumpRequest, fn func(*
 	return applied, err
 }
 
-// Watch streams index changes of one member to fn, batch by batch, until ctx
-// ends (then it returns nil), fn fails, or the stream breaks (a watcher that
-// fell behind gets codes.ResourceExhausted and must Dump again).
+// ErrWatchResync ends a Watch whose stream broke when no member still had
+// every change since the last one delivered: the caller's view may miss
+// changes, so it must start over (Dump, then Watch after the dump's applied
+// index).
+var ErrWatchResync = errors.New("kvindex: watch cannot resume without a gap; Dump again")
+
+// Watch streams index changes to fn, batch by batch, until ctx ends (then it
+// returns nil), fn fails (its error is returned), or the changes cannot
+// continue without a gap (an error wrapping ErrWatchResync). When a stream
+// breaks (a member stops, or the watcher fell behind), Watch resumes on the
+// next member after the applied index of the last change delivered (or where
+// the stream started, when none was), pausing with backoff after a failed
+// attempt; a member that no longer has those changes answers OUT_OF_RANGE,
+// which ends Watch with ErrWatchResync. With req.AfterAppliedIndex set (say,
+// a Dump's applied index) the first stream starts there too.
 func (c *Client) Watch(ctx context.Context, req *kvindexv1.WatchRequest, fn func([]*kvindexv1.IndexChange) error) error {
-	return c.read(ctx, func(cc *grpc.ClientConn) error {
-		stream, err := kvindexv1.NewIndexServiceClient(cc).Watch(ctx, req)
-		if err != nil {
+	req = proto.Clone(req).(*kvindexv1.WatchRequest)
+	w := &watch{c: c, req: req, fn: fn, after: req.GetAfterAppliedIndex(), positioned: req.AfterAppliedIndex != nil}
+	c.mu.Lock()
+	member := c.next
+	c.mu.Unlock()
+	failures := 0
+	for {
+		addr := c.opts.Addrs[member%len(c.opts.Addrs)]
+		progressed, err := w.stream(ctx, addr)
+		var fnErr fnError
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.As(err, &fnErr):
+			return fnErr.err
+		case status.Code(err) == codes.OutOfRange:
+			return fmt.Errorf("%w: %v", ErrWatchResync, err)
+		case !w.positioned:
+			// Broke before the member said where the stream starts: what
+			// happened meanwhile cannot be asked for.
+			return fmt.Errorf("%w: the stream from %s broke before it started: %v", ErrWatchResync, addr, err)
+		case !resumable(err):
 			return err
 		}
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return err
-			}
-			if err := fn(m.Changes); err != nil {
-				return err
+		if progressed {
+			failures = 0
+		}
+		if failures >= c.opts.MaxAttempts {
+			return err
+		}
+		if c.backoff.Wait(ctx, failures) != nil {
+			return nil // ctx ended
+		}
+		failures++
+		member++
+	}
+}
+
+// resumable: the stream broke in a way another stream can recover from (a
+// member down or shutting down, a watcher that fell behind, a reset stream).
+func resumable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.ResourceExhausted, codes.Aborted, codes.Internal, codes.Unknown:
+		return true
+	}
+	return false
+}
+
+// fnError carries the error of a Watch callback out of the stream.
+type fnError struct{ err error }
+
+func (e fnError) Error() string { return e.err.Error() }
+
+// watch is the state of one Watch across its streams.
+type watch struct {
+	c   *Client
+	req *kvindexv1.WatchRequest
+	fn  func([]*kvindexv1.IndexChange) error
+	// after is the applied index up to which fn has every change; positioned
+	// says it is known (from the request, a stream's header or a change).
+	after      uint64
+	positioned bool
+}
+
+// stream runs one Watch stream on addr until it breaks; progressed says fn
+// got at least one batch from it.
+func (w *watch) stream(ctx context.Context, addr string) (progressed bool, err error) {
+	cc, err := w.c.conn(addr)
+	if err != nil {
+		return false, err
+	}
+	if w.positioned {
+		after := w.after
+		w.req.AfterAppliedIndex = &after
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := kvindexv1.NewIndexServiceClient(cc).Watch(ctx, w.req)
+	if err != nil {
+		return false, err
+	}
+	md, err := stream.Header()
+	if err != nil {
+		return false, err
+	}
+	if !w.positioned {
+		if v := md.Get(kvindexv1.WatchFromKey); len(v) == 1 {
+			if from, perr := strconv.ParseUint(v[0], 10, 64); perr == nil {
+				w.after, w.positioned = from, true
 			}
 		}
-	})
+	}
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = status.Error(codes.Unavailable, "the member ended the Watch stream")
+			}
+			return progressed, err
+		}
+		if len(m.Changes) == 0 {
+			continue
+		}
+		if err := w.fn(m.Changes); err != nil {
+			return progressed, fnError{err}
+		}
+		progressed = true
+		w.after, w.positioned = m.Changes[len(m.Changes)-1].AppliedIndex, true
+	}
 }
 
 // RegisterWorker registers a worker with the cluster (through the leader).

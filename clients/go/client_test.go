@@ -3,7 +3,9 @@ package kvindex_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	kvindex "github.com/kvindex/kvindex/clients/go"
@@ -209,5 +212,199 @@ func TestDumpAndWatch(t *testing.T) {
 func TestNewNeedsAMember(t *testing.T) {
 	if _, err := kvindex.New(kvindex.Options{}); !errors.Is(err, kvindex.ErrNoMembers) {
 		t.Errorf("New without addresses = %v", err)
+	}
+}
+
+// cutProxy forwards TCP connections to target until cut closes every one of
+// them; while paused it refuses new ones (connections are closed at once).
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+	paused bool
+}
+
+func startCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: target}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			paused := p.paused
+			p.mu.Unlock()
+			out, err := net.Dial("tcp", target)
+			if paused || err != nil {
+				in.Close()
+				if out != nil {
+					out.Close()
+				}
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, in, out)
+			p.mu.Unlock()
+			wg.Add(2)
+			go func() { defer wg.Done(); io.Copy(out, in); out.Close() }()
+			go func() { defer wg.Done(); io.Copy(in, out); in.Close() }()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		p.cut(false)
+		wg.Wait()
+	})
+	return p
+}
+
+// cut closes every open connection; paused says whether new ones are refused.
+func (p *cutProxy) cut(paused bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.paused = paused
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// watched collects a Watch's changes.
+type watched struct {
+	mu      sync.Mutex
+	changes []*kvindexv1.IndexChange
+}
+
+func (w *watched) add(ch []*kvindexv1.IndexChange) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.changes = append(w.changes, ch...)
+	return nil
+}
+
+func (w *watched) last() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.changes) == 0 {
+		return 0
+	}
+	return w.changes[len(w.changes)-1].AppliedIndex
+}
+
+// since returns the changes applied at or after index.
+func (w *watched) since(index uint64) []*kvindexv1.IndexChange {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*kvindexv1.IndexChange
+	for _, c := range w.changes {
+		if c.AppliedIndex >= index {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// TestWatchResumesWithoutAGap cuts a Watch's connection, makes changes while
+// it cannot reconnect, and checks that the resumed Watch delivered exactly the
+// changes a Watch that was never cut saw: none skipped, none twice. A Watch
+// that asks for changes no member still has ends with ErrWatchResync.
+func TestWatchResumesWithoutAGap(t *testing.T) {
+	proxy := startCutProxy(t, exampleAddr)
+	direct, err := kvindex.New(kvindex.Options{Addrs: []string{exampleAddr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	viaProxy, err := kvindex.New(kvindex.Options{Addrs: []string{proxy.ln.Addr().String()}, MaxAttempts: 1000,
+		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer viaProxy.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	var ref, resumed watched
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for _, w := range []struct {
+		c   *kvindex.Client
+		got *watched
+	}{{direct, &ref}, {viaProxy, &resumed}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- w.c.Watch(ctx, &kvindexv1.WatchRequest{Model: exampleModel}, w.got.add)
+		}()
+	}
+	defer func() {
+		cancel()
+		wg.Wait()
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Errorf("Watch ended with %v", err)
+			}
+		}
+	}()
+	prompt := func(i uint32) []uint32 { return []uint32{i / 200, i % 200, 2, 3, 4, 5, 6, 7} }
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	// Both watchers subscribe asynchronously: make changes until both see one.
+	for i := uint32(0); ref.last() == 0 || resumed.last() == 0; i++ {
+		if i > 200 {
+			t.Fatal("the watchers saw no change")
+		}
+		if err := generate(prompt(i)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := resumed.last()
+	proxy.cut(true)
+	for i := uint32(300); i < 306; i++ { // applied while the resuming watcher is cut off
+		if err := generate(prompt(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.cut(false)
+	if err := generate(prompt(400)); err != nil {
+		t.Fatal(err)
+	}
+	end := indexerSrv.Backend().AppliedIndex()
+	waitFor("both watchers to reach the last change", func() bool { return ref.last() >= end && resumed.last() >= end })
+	want, got := ref.since(start+1), resumed.since(start+1)
+	if len(want) < 6 {
+		t.Fatalf("only %d changes after the cut; the test needs the ones made meanwhile", len(want))
+	}
+	if len(got) != len(want) {
+		t.Fatalf("resumed watcher got %d changes after index %d, the uncut one %d", len(got), start, len(want))
+	}
+	for i := range want {
+		if !proto.Equal(got[i], want[i]) {
+			t.Fatalf("change %d after the cut: resumed %v, uncut %v", i, got[i], want[i])
+		}
+	}
+
+	// Changes from before what any member keeps: start over.
+	old := uint64(0)
+	err = direct.Watch(context.Background(), &kvindexv1.WatchRequest{AfterAppliedIndex: &old}, func([]*kvindexv1.IndexChange) error { return nil })
+	if !errors.Is(err, kvindex.ErrWatchResync) {
+		t.Errorf("Watch after index 0 = %v, want ErrWatchResync", err)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -278,10 +279,11 @@ func workersCmd(fs *flag.FlagSet) func(context.Context, *kvindex.Client, *printe
 			if w.Spec.Role == kvindexv1.WorkerRole_WORKER_ROLE_UNSPECIFIED {
 				role = "aggregated"
 			}
-			rows = append(rows, []string{w.Spec.Id, w.Spec.Model, u(uint64(w.Spec.BlockSize)), role, state,
-				u(w.GpuBlocks), u(w.CpuBlocks), u(w.DiskBlocks), strings.Join(seqs, " "), w.Spec.EventsEndpoint})
+			blockSize := cmp.Or(w.Spec.BlockSize, w.EffectiveBlockSize) // the indexer's --block-size when the spec gives none
+			rows = append(rows, []string{w.Spec.Id, w.Spec.Model, u(uint64(blockSize)), role, state,
+				u(w.GpuBlocks), u(w.CpuBlocks), u(w.DiskBlocks), u(w.DetachedBlocks), strings.Join(seqs, " "), w.Spec.EventsEndpoint})
 		}
-		return out.table("ID\tMODEL\tBLOCK SIZE\tROLE\tSTATE\tGPU\tCPU\tDISK\tDP RANK:SEQ\tEVENTS", rows)
+		return out.table("ID\tMODEL\tBLOCK SIZE\tROLE\tSTATE\tGPU\tCPU\tDISK\tDETACHED\tDP RANK:SEQ\tEVENTS", rows)
 	}
 }
 

@@ -35,7 +35,8 @@ func startIndexer(t *testing.T, prompt []uint32) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	spec, err := workerspec.Parse(fmt.Sprintf("id=eng,model=%s,endpoint=%s,replay=%s,block-size=4", model, e.EventEndpoints()[0], e.ReplayEndpoints()[0]))
+	// No block-size: --block-size (DefaultBlockSize) applies, and kvctl workers shows it.
+	spec, err := workerspec.Parse(fmt.Sprintf("id=eng,model=%s,endpoint=%s,replay=%s", model, e.EventEndpoints()[0], e.ReplayEndpoints()[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +108,18 @@ func TestCommands(t *testing.T) {
 			}},
 		{name: "score other workers", args: []string{"score", "--model", model, "--tokens", "1,2,3,4", "--workers", "x,y", "--linearizable"}, code: 0,
 			stdout: []string{"x  ", "y  "}},
-		{name: "workers", args: []string{"workers"}, code: 0, stdout: []string{"ID", "eng", model, "live", "aggregated", "0:"}},
+		{name: "workers", args: []string{"workers"}, code: 0, stdout: []string{"ID", "DETACHED", "eng", model, "live", "aggregated", "0:"},
+			check: func(t *testing.T, out string) {
+				for _, line := range strings.Split(out, "\n") {
+					if f := strings.Fields(line); len(f) > 8 && f[0] == "eng" {
+						if f[2] != "4" || f[8] != "0" {
+							t.Errorf("eng's block size %s, detached %s; want the --block-size 4 and 0:\n%s", f[2], f[8], out)
+						}
+						return
+					}
+				}
+				t.Errorf("no row for eng:\n%s", out)
+			}},
 		{name: "workers json", args: []string{"workers", "--output", "json"}, code: 0, stdout: []string{`"id": "eng"`, `"gpu_blocks": "6"`}},
 		{name: "cluster", args: []string{"cluster"}, code: 0, stdout: []string{"leader kvctl-node", "kvctl-node*", "voter", "DIGEST@APPLIED"}},
 		{name: "stats", args: []string{"stats"}, code: 0, stdout: []string{"nodes", "stored_attached"}},

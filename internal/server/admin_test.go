@@ -269,31 +269,6 @@ func TestWatchStreamsChanges(t *testing.T) {
 	next(kvindexv1.ChangeKind_CHANGE_KIND_WORKER_REMOVED)
 }
 
-// TestWatchThatFallsBehindIsEnded checks the lagging rule on the feed itself.
-func TestWatchThatFallsBehindIsEnded(t *testing.T) {
-	feed := NewChangeFeed(2)
-	sub := feed.Subscribe(nil, "")
-	for i := range 3 {
-		feed.WorkerRemoved("w", uint64(i+1))
-	}
-	n := 0
-	for range sub.C() {
-		n++
-	}
-	if n != 2 || sub.Err() != ErrWatchLagging {
-		t.Errorf("received %d batches, err %v", n, sub.Err())
-	}
-	if feed.active.Load() != 0 {
-		t.Error("the lagging subscription is still active")
-	}
-	other := feed.Subscribe([]string{"x"}, "")
-	feed.WorkerRemoved("w", 9) // filtered out: nothing queued
-	other.Close()
-	if _, open := <-other.C(); open || other.Err() != nil {
-		t.Errorf("Close: err %v", other.Err())
-	}
-}
-
 // TestHealthAndReflection checks the gRPC health service and reflection.
 func TestHealthAndReflection(t *testing.T) {
 	f := newFixture(t, fixtureOptions{engines: defaultEngines[:1]})

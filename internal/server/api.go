@@ -74,8 +74,8 @@ type API struct {
 	writeTimeout     time.Duration
 }
 
-// NewAPI returns the API of a node served by b, and names the changes of b's
-// ChangeFeed with what the API learns.
+// NewAPI returns the API of a node served by b; what its queries teach about
+// namespace names also names the changes of b's ChangeFeed.
 func NewAPI(b Backend, cfg APIConfig, logger *slog.Logger) (*API, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -90,16 +90,15 @@ func NewAPI(b Backend, cfg APIConfig, logger *slog.Logger) (*API, error) {
 		backend: b, log: logger, tokenizers: cfg.Tokenizers, fallback: cfg.Fallback,
 		defaultBlockSize: cfg.DefaultBlockSize, maxPromptTokens: cfg.MaxPromptTokens,
 		maxBodyBytes: cfg.MaxBodyBytes, adminToken: cfg.AdminToken,
-		gatherer: cfg.Gatherer, names: &namespaceNames{}, dumps: newDumpSlot(),
+		gatherer: cfg.Gatherer, names: b.Changes().Names(), dumps: newDumpSlot(),
 		writeTimeout: cfg.HTTPWriteTimeout,
 		maxStreams:   cmp.Or(cfg.MaxConcurrentStreams, DefaultConfig().GRPCMaxConcurrentStreams),
 		watches:      streamLimit{max: int64(cmp.Or(cfg.MaxWatchStreams, DefaultConfig().MaxWatchStreams))},
 	}
-	a.view = &viewCache{backend: b, log: logger, defaultBlockSize: cfg.DefaultBlockSize, names: a.names, ttl: viewTTL}
+	a.view = &viewCache{backend: b, defaultBlockSize: cfg.DefaultBlockSize, ttl: viewTTL}
 	if _, err := a.view.get(context.Background()); err != nil {
 		return nil, fmt.Errorf("reading the worker registry: %w", err)
 	}
-	b.Changes().name(a.names, a.view.workerModel)
 	var err error
 	if a.metrics, err = newAPIMetrics(cfg.Registerer, b.Index()); err != nil {
 		return nil, err
@@ -178,6 +177,9 @@ var (
 		"namespaces":      prometheus.NewDesc("kvindex_index_namespaces", "(model, LoRA, cache salt) namespaces holding blocks.", nil, nil),
 		"detached_blocks": prometheus.NewDesc("kvindex_index_detached_blocks", "Blocks kept detached because their parent is unknown to their worker.", nil, nil),
 	}
+	workerDetachedDesc = prometheus.NewDesc("kvindex_worker_detached_blocks",
+		"Blocks of a worker (all dp ranks) kept detached: stored under a parent the worker never reported, so they cannot match. Only workers that keep any are listed.",
+		[]string{"worker"}, nil)
 	indexCounterDesc = prometheus.NewDesc("kvindex_index_block_results_total",
 		"What the index did with stored and removed blocks since it was created (result: stored_attached, stored_duplicate, stored_detached, stored_dropped, stored_replaced, detached_reattached, removed_blocks, removed_unknown).",
 		[]string{"result"}, nil)
@@ -188,6 +190,7 @@ func (c indexCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- indexCounterDesc
+	ch <- workerDetachedDesc
 }
 
 func (c indexCollector) Collect(ch chan<- prometheus.Metric) {
@@ -197,6 +200,9 @@ func (c indexCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, v := range indexCounters(st) {
 		ch <- prometheus.MustNewConstMetric(indexCounterDesc, prometheus.CounterValue, float64(v), name)
+	}
+	for worker, n := range c.ix.DetachedBlocks() {
+		ch <- prometheus.MustNewConstMetric(workerDetachedDesc, prometheus.GaugeValue, float64(n), worker)
 	}
 }
 

@@ -520,7 +520,7 @@ func TestWorkersStatsClusterDump(t *testing.T) {
 	code, body = f.get("/cluster")
 	var cj map[string]any
 	decodeInto(t, body, &cj)
-	// DESIGN.md's shape: term and applied_index are JSON numbers, suffrage a plain word.
+	// docs/design.md's shape: term and applied_index are JSON numbers, suffrage a plain word.
 	if term, ok := cj["term"].(json.Number); code != 200 || cj["leader"] != "node-a" || !ok || term == "0" ||
 		cj["members"].([]any)[0].(map[string]any)["suffrage"] != "voter" {
 		t.Errorf("GET /cluster = %d %s", code, body)

@@ -315,7 +315,7 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 		"tokenizer of a model for text and chat prompts, repeatable, as `model=dir` (a Hugging Face tokenizer.json directory; dir \"builtin\": the fake engine's byte-level tokenizer)")
 	fs.StringVar(&cfg.FallbackTokenizer, "fallback-tokenizer", cfg.FallbackTokenizer, "tokenizer for models without --tokenizer: \"builtin\" or empty (text for such models is refused)")
 	fs.IntVar(&cfg.ReadyMaxLag, "ready-max-lag", cfg.ReadyMaxLag, "committed log entries a node may have left to apply and still answer /readyz 200 (a follower also needs recent contact with the leader and the leader's commit index)")
-	fs.IntVar(&cfg.WatchBuffer, "watch-buffer", cfg.WatchBuffer, "batches of changes a Watch stream may fall behind before it is ended")
+	fs.IntVar(&cfg.WatchBuffer, "watch-buffer", cfg.WatchBuffer, "batches of changes a Watch stream may fall behind before it is ended, and the recent batches kept for Watch streams that resume")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 

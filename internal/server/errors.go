@@ -46,6 +46,10 @@ var (
 	ErrRequestTimeout = errors.New("request timeout")
 	// ErrWatchLagging: a Watch stream fell too far behind the apply loop.
 	ErrWatchLagging = errors.New("watcher fell behind")
+	// ErrWatchResumeUnavailable: a Watch asked to resume after an applied index
+	// this member no longer has every change after (or never computed them):
+	// the caller must start over from a Dump.
+	ErrWatchResumeUnavailable = errors.New("watch cannot resume there")
 	// ErrNotLeader: a write reached a node that is not the leader; a
 	// *NotLeaderError says where the leader is.
 	ErrNotLeader = errors.New("not the leader")
@@ -104,6 +108,7 @@ var errorTable = []errorClass{
 	{ErrTooMany, codes.ResourceExhausted, http.StatusTooManyRequests, "resource_exhausted"},
 	{ErrRequestTimeout, codes.DeadlineExceeded, http.StatusRequestTimeout, "request_timeout"},
 	{ErrWatchLagging, codes.ResourceExhausted, http.StatusTooManyRequests, "watch_lagging"},
+	{ErrWatchResumeUnavailable, codes.OutOfRange, http.StatusGone, "watch_resume_unavailable"},
 	{ErrNotLeader, codes.Unavailable, http.StatusServiceUnavailable, "not_leader"},
 	{ErrUnavailable, codes.Unavailable, http.StatusServiceUnavailable, "unavailable"},
 	{ingest.ErrSinkStopped, codes.Unavailable, http.StatusServiceUnavailable, "unavailable"},

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -276,7 +277,8 @@ func (a *API) workers(ctx context.Context, model string, linearizable bool) (*kv
 	resp := &kvindexv1.WorkersResponse{AppliedIndex: applied, Workers: make([]*kvindexv1.WorkerInfo, len(list))}
 	h := 0
 	for i, w := range list {
-		info := &kvindexv1.WorkerInfo{Spec: specProto(w.Spec), State: w.State}
+		info := &kvindexv1.WorkerInfo{Spec: specProto(w.Spec), State: w.State,
+			EffectiveBlockSize: uint32(cmp.Or(w.Spec.BlockSize, a.defaultBlockSize))}
 		ranks := map[uint32]*kvindexv1.DpRankStatus{}
 		rank := func(r uint32) *kvindexv1.DpRankStatus {
 			if ranks[r] == nil {
@@ -296,6 +298,8 @@ func (a *API) workers(ctx context.Context, model string, linearizable bool) (*kv
 			info.GpuBlocks += r.GpuBlocks
 			info.CpuBlocks += r.CpuBlocks
 			info.DiskBlocks += r.DiskBlocks
+			r.DetachedBlocks = uint64(st.Detached)
+			info.DetachedBlocks += r.DetachedBlocks
 		}
 		for _, r := range ranks {
 			info.DpRanks = append(info.DpRanks, r)
@@ -330,11 +334,14 @@ func (s indexService) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStrea
 		return err
 	}
 	defer release()
-	sub := s.a.backend.Changes().Subscribe(req.Workers, req.Model)
+	sub, err := s.a.backend.Changes().Subscribe(req.Workers, req.Model, req.GetAfterAppliedIndex(), req.AfterAppliedIndex != nil)
+	if err != nil {
+		return err
+	}
 	defer sub.Close()
 	// Headers go out now, so a client knows the subscription exists before the
-	// first change arrives.
-	if err := stream.SendHeader(metadata.MD{}); err != nil {
+	// first change arrives, and where it starts (for resuming).
+	if err := stream.SendHeader(metadata.Pairs(kvindexv1.WatchFromKey, strconv.FormatUint(sub.From(), 10))); err != nil {
 		return err
 	}
 	ctx := stream.Context()
@@ -347,7 +354,7 @@ func (s indexService) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStrea
 			if !ok {
 				err := sub.Err()
 				if errors.Is(err, ErrWatchLagging) {
-					return fmt.Errorf("%w: more than %d batches of changes were waiting; start over (Dump, then Watch)", err, cap(sub.c))
+					return fmt.Errorf("%w: more than %d batches of changes were waiting; resume after the last applied_index received, or start over (Dump, then Watch)", err, cap(sub.c))
 				}
 				return err
 			}

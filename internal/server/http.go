@@ -310,7 +310,7 @@ func (a *API) handleWorkers(w http.ResponseWriter, r *http.Request) error {
 	}
 }
 
-// clusterJSON is GET /cluster, the shape DESIGN.md fixes for other tools: plain
+// clusterJSON is GET /cluster, the shape docs/design.md fixes for other tools: plain
 // numbers (not protojson's quoted uint64s) and lower-case suffrage names.
 type clusterJSON struct {
 	NodeID       string `json:"node_id"`

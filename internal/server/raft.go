@@ -15,6 +15,7 @@ import (
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
 	"github.com/kvindex/kvindex/internal/raftstore"
+	"github.com/kvindex/kvindex/internal/retry"
 	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
@@ -268,7 +269,7 @@ func (b *raftBackend) Cluster(ctx context.Context, withDigest bool) (ClusterStat
 func (b *raftBackend) onLeader(ctx context.Context, local func() (uint64, error),
 	remote func(context.Context, kvindexv1.AdminServiceClient) (uint64, error)) (uint64, error) {
 	deadline := time.Now().Add(leaderWait)
-	for {
+	for attempt := 0; ; attempt++ {
 		index, err := local()
 		var nl *raftstore.NotLeaderError
 		if !errors.As(err, &nl) || fromPeer(ctx) {
@@ -286,10 +287,8 @@ func (b *raftBackend) onLeader(ctx context.Context, local func() (uint64, error)
 		if time.Now().After(deadline) {
 			return 0, err
 		}
-		select {
-		case <-time.After(50 * time.Millisecond):
-		case <-ctx.Done():
-			return 0, ctx.Err()
+		if werr := retry.Default.Wait(ctx, attempt); werr != nil {
+			return 0, cmp.Or(ctx.Err(), err)
 		}
 	}
 }
@@ -324,9 +323,9 @@ func (b *raftBackend) forward(ctx context.Context, addr string, remote func(cont
 // The apply hooks (raftstore.Config) feed the change feed and the registry
 // mirror. They run on raft's apply goroutine and never block.
 
-func (b *raftBackend) beforeBatch(_ uint64, batch *ingest.StreamBatch) {
+func (b *raftBackend) beforeBatch(index uint64, batch *ingest.StreamBatch) {
 	if ix := b.index.Load(); ix != nil {
-		b.prepared = b.feed.Prepare(ix, batch)
+		b.prepared = b.feed.Prepare(ix, batch, index)
 	}
 }
 
@@ -341,6 +340,7 @@ func (b *raftBackend) afterBatch(index uint64, _ *ingest.StreamBatch, outcome ra
 func (b *raftBackend) workerRemoved(index uint64, id string) { b.feed.WorkerRemoved(id, index) }
 
 func (b *raftBackend) workersChanged(list []workerspec.Spec) {
+	b.feed.WorkersChanged(list)
 	if f := b.onRegistry.Load(); f != nil {
 		(*f)()
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/radix"
 	"github.com/kvindex/kvindex/internal/raftstore"
+	"github.com/kvindex/kvindex/internal/retry"
 )
 
 // Server is one indexer: a member of a raft cluster (of one, by default) whose
@@ -271,7 +272,7 @@ func (s *Server) Run(ctx context.Context) error {
 		"tokenizers", len(s.cfg.Tokenizers))
 	<-ctx.Done()
 	s.health.Shutdown()
-	s.backend.Changes().CloseAll(fmt.Errorf("%w: the indexer is shutting down", ErrUnavailable))
+	s.backend.Changes().Close(fmt.Errorf("%w: the indexer is shutting down", ErrUnavailable))
 	shutdownCtx, stop := context.WithTimeout(context.Background(), shutdownTimeout)
 	// Ingest has stopped with ctx; raft stops while the API still answers reads.
 	if err := s.node.Shutdown(shutdownCtx); err != nil {
@@ -300,8 +301,8 @@ func (s *Server) Run(ctx context.Context) error {
 	return firstErr
 }
 
-// joinRetry bounds the pause between two attempts to join the cluster.
-const joinRetry = 2 * time.Second
+// joinBackoff paces the attempts to join the cluster.
+var joinBackoff = retry.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
 
 // joinCluster asks the member at --join to add this node (the member forwards
 // the request to the leader), until it succeeds or ctx ends. A node that is a
@@ -310,7 +311,6 @@ const joinRetry = 2 * time.Second
 func (s *Server) joinCluster(ctx context.Context) {
 	req := &kvindexv1.JoinRequest{NodeId: s.cfg.NodeID, RaftAddr: s.node.RaftAddr(), GrpcAddr: s.grpcAdvertise,
 		Suffrage: kvindexv1.Suffrage_SUFFRAGE_VOTER}
-	pause := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		actx, c, err := s.peers.admin(ctx, s.cfg.Join, false)
 		if err == nil {
@@ -328,12 +328,9 @@ func (s *Server) joinCluster(ctx context.Context) {
 			level = slog.LevelWarn
 		}
 		s.log.Log(ctx, level, "joining the cluster failed; trying again", "via", s.cfg.Join, "attempt", attempt, "err", err)
-		select {
-		case <-time.After(pause):
-		case <-ctx.Done():
+		if joinBackoff.Wait(ctx, attempt-1) != nil {
 			return
 		}
-		pause = min(2*pause, joinRetry)
 	}
 }
 

@@ -14,3 +14,9 @@ const (
 	// LeaderAddrKey is the ErrorInfo metadata key of the leader's gRPC address.
 	LeaderAddrKey = "leader_addr"
 )
+
+// WatchFromKey is the response header of a Watch stream that carries, in
+// decimal, the applied index the subscription starts after: the stream
+// delivers every change applied after it. A client that loses the stream
+// before any change resumes after it (WatchRequest.after_applied_index).
+const WatchFromKey = "kvindex-watch-from"

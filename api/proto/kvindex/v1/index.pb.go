@@ -1361,9 +1361,16 @@ type WatchRequest struct {
 	// Only changes of these workers; empty for all.
 	Workers []string `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
 	// Only changes of workers of this model; empty for all.
-	Model         string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// Resume: first the changes applied after this raft log index (the
+	// applied_index of the last change the caller processed, or a Dump's
+	// applied_index), then live ones, with nothing skipped. A member keeps the
+	// recent changes it computed while it had watchers; when it does not have
+	// every change after this index, the stream fails with OUT_OF_RANGE and the
+	// caller must start over from a Dump.
+	AfterAppliedIndex *uint64 `protobuf:"varint,3,opt,name=after_applied_index,json=afterAppliedIndex,proto3,oneof" json:"after_applied_index,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
@@ -1408,6 +1415,13 @@ func (x *WatchRequest) GetModel() string {
 		return x.Model
 	}
 	return ""
+}
+
+func (x *WatchRequest) GetAfterAppliedIndex() uint64 {
+	if x != nil && x.AfterAppliedIndex != nil {
+		return *x.AfterAppliedIndex
+	}
+	return 0
 }
 
 // WatchResponse carries changes applied together, in order.
@@ -1465,7 +1479,8 @@ type IndexChange struct {
 	DpRank uint32 `protobuf:"varint,2,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
 	// What happened.
 	Kind ChangeKind `protobuf:"varint,3,opt,name=kind,proto3,enum=kvindex.v1.ChangeKind" json:"kind,omitempty"`
-	// Model of the blocks (STORED and REMOVED).
+	// Model of the blocks (STORED and REMOVED), or of the worker as registered
+	// when the change was applied (every kind; empty for an unregistered worker).
 	Model string `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
 	// LoRA adapter of the blocks, empty for the base model (STORED and REMOVED).
 	LoraName string `protobuf:"bytes,5,opt,name=lora_name,json=loraName,proto3" json:"lora_name,omitempty"`
@@ -1819,10 +1834,12 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x14digest_applied_index\x18\b \x01(\x04R\x12digestAppliedIndex\x1a;\n" +
 	"\rCountersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\">\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x8b\x01\n" +
 	"\fWatchRequest\x12\x18\n" +
 	"\aworkers\x18\x01 \x03(\tR\aworkers\x12\x14\n" +
-	"\x05model\x18\x02 \x01(\tR\x05model\"B\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x123\n" +
+	"\x13after_applied_index\x18\x03 \x01(\x04H\x00R\x11afterAppliedIndex\x88\x01\x01B\x16\n" +
+	"\x14_after_applied_index\"B\n" +
 	"\rWatchResponse\x121\n" +
 	"\achanges\x18\x01 \x03(\v2\x17.kvindex.v1.IndexChangeR\achanges\"\xc6\x03\n" +
 	"\vIndexChange\x12\x16\n" +
@@ -1958,6 +1975,7 @@ func file_kvindex_v1_index_proto_init() {
 	}
 	file_kvindex_v1_worker_proto_init()
 	file_kvindex_v1_index_proto_msgTypes[0].OneofWrappers = []any{}
+	file_kvindex_v1_index_proto_msgTypes[13].OneofWrappers = []any{}
 	file_kvindex_v1_index_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -289,9 +289,17 @@ type WorkerInfo struct {
 	// Blocks of this worker resident on disk or external storage, summed over dp ranks.
 	DiskBlocks uint64 `protobuf:"varint,5,opt,name=disk_blocks,json=diskBlocks,proto3" json:"disk_blocks,omitempty"`
 	// Per data-parallel rank detail, ordered by dp_rank.
-	DpRanks       []*DpRankStatus `protobuf:"bytes,6,rep,name=dp_ranks,json=dpRanks,proto3" json:"dp_ranks,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DpRanks []*DpRankStatus `protobuf:"bytes,6,rep,name=dp_ranks,json=dpRanks,proto3" json:"dp_ranks,omitempty"`
+	// Blocks of this worker kept detached, summed over dp ranks: stored under a
+	// parent the worker never reported, so they cannot match until it does. A
+	// worker whose blocks all detach scores no hit (check its events' parent
+	// hashes).
+	DetachedBlocks uint64 `protobuf:"varint,7,opt,name=detached_blocks,json=detachedBlocks,proto3" json:"detached_blocks,omitempty"`
+	// Block size the worker's events are cut with: the spec's, else the
+	// indexer's --block-size (0 when neither is known).
+	EffectiveBlockSize uint32 `protobuf:"varint,8,opt,name=effective_block_size,json=effectiveBlockSize,proto3" json:"effective_block_size,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *WorkerInfo) Reset() {
@@ -366,6 +374,20 @@ func (x *WorkerInfo) GetDpRanks() []*DpRankStatus {
 	return nil
 }
 
+func (x *WorkerInfo) GetDetachedBlocks() uint64 {
+	if x != nil {
+		return x.DetachedBlocks
+	}
+	return 0
+}
+
+func (x *WorkerInfo) GetEffectiveBlockSize() uint32 {
+	if x != nil {
+		return x.EffectiveBlockSize
+	}
+	return 0
+}
+
 // DpRankStatus is the event-stream position and cache size of one dp rank.
 type DpRankStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -378,9 +400,11 @@ type DpRankStatus struct {
 	// Blocks of this rank resident on CPU.
 	CpuBlocks uint64 `protobuf:"varint,4,opt,name=cpu_blocks,json=cpuBlocks,proto3" json:"cpu_blocks,omitempty"`
 	// Blocks of this rank resident on disk or external storage.
-	DiskBlocks    uint64 `protobuf:"varint,5,opt,name=disk_blocks,json=diskBlocks,proto3" json:"disk_blocks,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DiskBlocks uint64 `protobuf:"varint,5,opt,name=disk_blocks,json=diskBlocks,proto3" json:"disk_blocks,omitempty"`
+	// Blocks of this rank kept detached (see WorkerInfo.detached_blocks).
+	DetachedBlocks uint64 `protobuf:"varint,6,opt,name=detached_blocks,json=detachedBlocks,proto3" json:"detached_blocks,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *DpRankStatus) Reset() {
@@ -448,6 +472,13 @@ func (x *DpRankStatus) GetDiskBlocks() uint64 {
 	return 0
 }
 
+func (x *DpRankStatus) GetDetachedBlocks() uint64 {
+	if x != nil {
+		return x.DetachedBlocks
+	}
+	return 0
+}
+
 var File_kvindex_v1_worker_proto protoreflect.FileDescriptor
 
 const file_kvindex_v1_worker_proto_rawDesc = "" +
@@ -470,7 +501,7 @@ const file_kvindex_v1_worker_proto_rawDesc = "" +
 	" \x03(\v2\".kvindex.v1.WorkerSpec.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfb\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd6\x02\n" +
 	"\n" +
 	"WorkerInfo\x12*\n" +
 	"\x04spec\x18\x01 \x01(\v2\x16.kvindex.v1.WorkerSpecR\x04spec\x12-\n" +
@@ -481,7 +512,9 @@ const file_kvindex_v1_worker_proto_rawDesc = "" +
 	"cpu_blocks\x18\x04 \x01(\x04R\tcpuBlocks\x12\x1f\n" +
 	"\vdisk_blocks\x18\x05 \x01(\x04R\n" +
 	"diskBlocks\x123\n" +
-	"\bdp_ranks\x18\x06 \x03(\v2\x18.kvindex.v1.DpRankStatusR\adpRanks\"\xa1\x01\n" +
+	"\bdp_ranks\x18\x06 \x03(\v2\x18.kvindex.v1.DpRankStatusR\adpRanks\x12'\n" +
+	"\x0fdetached_blocks\x18\a \x01(\x04R\x0edetachedBlocks\x120\n" +
+	"\x14effective_block_size\x18\b \x01(\rR\x12effectiveBlockSize\"\xca\x01\n" +
 	"\fDpRankStatus\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\x12\x19\n" +
 	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\x12\x1d\n" +
@@ -490,7 +523,8 @@ const file_kvindex_v1_worker_proto_rawDesc = "" +
 	"\n" +
 	"cpu_blocks\x18\x04 \x01(\x04R\tcpuBlocks\x12\x1f\n" +
 	"\vdisk_blocks\x18\x05 \x01(\x04R\n" +
-	"diskBlocks*v\n" +
+	"diskBlocks\x12'\n" +
+	"\x0fdetached_blocks\x18\x06 \x01(\x04R\x0edetachedBlocks*v\n" +
 	"\n" +
 	"WorkerRole\x12\x1b\n" +
 	"\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x1a\n" +
