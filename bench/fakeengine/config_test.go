@@ -89,7 +89,7 @@ func TestHelpDocumentsEveryInterfaceFlag(t *testing.T) {
 	if _, err := ParseFlags([]string{"--help"}, &out, func(string) (string, bool) { return "", false }); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("--help: %v", err)
 	}
-	// The flags DESIGN.md promises other tools.
+	// The flags docs/design.md promises other tools.
 	for _, name := range []string{"model", "host", "port", "block-size", "num-gpu-blocks", "num-cpu-blocks",
 		"kv-events-endpoint", "kv-events-topic", "kv-events-wire", "kv-events-replay-endpoint", "replay-layout",
 		"replay-buffer-steps", "data-parallel-size", "role", "time-scale", "tokenizer", "fleet", "base-port"} {

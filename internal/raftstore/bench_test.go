@@ -203,7 +203,7 @@ func runReplicated(b *testing.B, rate float64, configure func(c *Config)) {
 }
 
 // BenchmarkReplicated is batching as configured by DefaultConfig, then variations
-// of the knobs DESIGN.md measured.
+// of the knobs docs/design.md measured.
 func BenchmarkReplicated(b *testing.B) {
 	cases := []struct {
 		name string

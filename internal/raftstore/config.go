@@ -105,7 +105,7 @@ type Config struct {
 }
 
 // DefaultConfig returns a configuration for a LAN cluster with the batching the
-// throughput measurements in DESIGN.md favour; set NodeID, RaftAddr and DataDir.
+// throughput measurements in docs/design.md favour; set NodeID, RaftAddr and DataDir.
 func DefaultConfig() Config {
 	return Config{
 		RaftAddr:           "127.0.0.1:7090",
