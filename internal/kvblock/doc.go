@@ -13,10 +13,24 @@
 //   - Namespace IDs: a (model, LoRA, cache salt) triple reduced to a uint64.
 //     This encoding is kvindex's own, not Dynamo's.
 //
-// LoRA mixing follows Dynamo's current code rather than "length-prefix and
-// append the name": Dynamo adds xxh3_64(name, seed 0) to the seed (wrapping),
-// and a Dynamo cache namespace adds xxh3_64(namespace, seed 1). The empty
-// string means "no adapter" in both places, as in Dynamo.
+// LoRA mixing follows Dynamo's code rather than "length-prefix and append the
+// name": Dynamo adds xxh3_64(name, seed 0) to the seed (wrapping), and a Dynamo
+// cache namespace adds xxh3_64(namespace, seed 1). The empty string means "no
+// adapter" in both places, as in Dynamo.
+//
+// # Dynamo revision
+//
+// The seed arithmetic is pinned (DynamoSeedRevision) to ai-dynamo/dynamo's
+// lib/kv-router/src/protocols.rs at 038eab23a6b6 (XXH3_SEED 1337; block_hash_seed
+// calls dynamo_kv_hashing::compute_salt_hash(cache_namespace, lora_name)) with
+// lib/kv-hashing/src/salt.rs in its wrapping-add form, the one whose doc states
+// "router parity": 1337 + xxh3_64(lora, 0) + xxh3_64(namespace, 1). Later
+// revisions of salt.rs (seen at 7b92686dc6f9, and c7fad0730dff, which also mixes
+// in the block size) hash a JSON payload {salt, lora_name[, block_size]} with
+// xxh3 seed 0 instead; kvindex does not follow them, so against such a Dynamo the
+// keys of LoRA and cache-namespace requests differ (plain requests too, if that
+// revision hashes the empty payload). TestLocalSeedFollowsThePinnedDynamoRevision
+// holds the pinned arithmetic to numbers computed with libxxhash.
 //
 // The package is pure: no I/O, goroutines, logging or clocks, and no
 // package-level mutable state. Every function and method is safe for

@@ -8,6 +8,10 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
+// DynamoSeedRevision is the ai-dynamo/dynamo revision whose seed arithmetic
+// LocalSeed follows (see the package doc, "Dynamo revision").
+const DynamoSeedRevision = "038eab23a6b6 (lib/kv-router/src/protocols.rs), salt.rs wrapping-add form"
+
 // DynamoSeed is the XXH3 seed Dynamo uses for chain hashes and, without a
 // LoRA adapter or cache namespace, for local hashes.
 const DynamoSeed uint64 = 1337

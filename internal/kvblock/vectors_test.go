@@ -173,3 +173,25 @@ func TestNamespaceIDMatchesReference(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalSeedFollowsThePinnedDynamoRevision holds LocalSeed to the seed
+// arithmetic of DynamoSeedRevision (1337 + xxh3(lora, 0) + xxh3(namespace, 1),
+// wrapping), with values computed by libxxhash (XXH3_64bits_withSeed).
+func TestLocalSeedFollowsThePinnedDynamoRevision(t *testing.T) {
+	tests := []struct {
+		lora, namespace string
+		want            uint64
+	}{
+		{"", "", 1337},
+		{"sql-lora", "", 10034886934280409050},
+		{"", "tenant-a", 1948188790972764086},
+		{"sql-lora", "tenant-a", 11983075725253171799},
+	}
+	for _, tt := range tests {
+		if got := LocalSeed(tt.lora, tt.namespace); got != tt.want {
+			t.Errorf("LocalSeed(%q, %q) = %d, want %d (Dynamo %s)", tt.lora, tt.namespace, got, tt.want, DynamoSeedRevision)
+		}
+	}
+	// (The later JSON-payload form would give xxh3_64(`{"salt":"tenant-a"}`, 0) =
+	// 1306913871552960716 for the third case.)
+}
