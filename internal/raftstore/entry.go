@@ -29,6 +29,7 @@ import (
 //	      events endpoint, topic, replay endpoint, HTTP endpoint, role, label count,
 //	      (key, value)... with keys ascending
 //	  EntryUnregisterWorker, EntryMemberRemoved: id
+//	  EntryReplaceWorker: the expected spec, then the new one (as in EntryRegisterWorker)
 //	  EntryMemberAddr: id, gRPC address
 //
 // Nothing may follow the payload. Hash and key counts are written separately so
@@ -54,6 +55,7 @@ const (
 	EntryUnregisterWorker EntryType = 3 // remove a worker and every block it holds
 	EntryMemberAddr       EntryType = 4 // a cluster member's gRPC address
 	EntryMemberRemoved    EntryType = 5 // forget a member's gRPC address
+	EntryReplaceWorker    EntryType = 6 // compare-and-set of a registered worker's spec
 )
 
 func (t EntryType) String() string {
@@ -68,6 +70,8 @@ func (t EntryType) String() string {
 		return "member-addr"
 	case EntryMemberRemoved:
 		return "member-removed"
+	case EntryReplaceWorker:
+		return "replace-worker"
 	}
 	return fmt.Sprintf("entry-type(%d)", uint8(t))
 }
@@ -90,7 +94,8 @@ type Entry struct {
 	// Ignorable marks an entry that an older version not knowing Type may skip.
 	Ignorable bool
 	Batches   []ingest.StreamBatch // EntryStreamBatches
-	Worker    workerspec.Spec      // EntryRegisterWorker
+	Worker    workerspec.Spec      // EntryRegisterWorker, EntryReplaceWorker (the new spec)
+	Expected  workerspec.Spec      // EntryReplaceWorker: the spec it replaces
 	ID        string               // EntryUnregisterWorker, EntryMemberAddr, EntryMemberRemoved
 	GRPCAddr  string               // EntryMemberAddr
 }
@@ -114,6 +119,16 @@ func EncodeEntry(dst []byte, e *Entry) ([]byte, error) {
 			return dst, err
 		}
 		dst = appendWorker(appendHeader(dst, e.Type), &e.Worker)
+	case EntryReplaceWorker:
+		for _, w := range []*workerspec.Spec{&e.Expected, &e.Worker} {
+			if err := checkWorker(w); err != nil {
+				return dst, err
+			}
+		}
+		if e.Expected.ID != e.Worker.ID {
+			return dst, fmt.Errorf("%w: replacing worker %q with %q: the id cannot change", ErrInvalidWorker, e.Expected.ID, e.Worker.ID)
+		}
+		dst = appendWorker(appendWorker(appendHeader(dst, e.Type), &e.Expected), &e.Worker)
 	case EntryUnregisterWorker, EntryMemberRemoved:
 		dst = appendString(appendHeader(dst, e.Type), e.ID)
 	case EntryMemberAddr:
@@ -276,6 +291,12 @@ func DecodeEntry(data []byte) (Entry, error) {
 		e.Batches = d.batches()
 	case EntryRegisterWorker:
 		e.Worker = d.worker()
+	case EntryReplaceWorker:
+		e.Expected = d.worker()
+		e.Worker = d.worker()
+		if d.err == nil && e.Expected.ID != e.Worker.ID {
+			d.fail("replacing worker %q with %q", e.Expected.ID, e.Worker.ID)
+		}
 	case EntryUnregisterWorker, EntryMemberRemoved:
 		e.ID = d.name("id")
 	case EntryMemberAddr:

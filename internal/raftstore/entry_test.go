@@ -56,6 +56,7 @@ func TestEntryRoundTrip(t *testing.T) {
 		{"register", Entry{Type: EntryRegisterWorker, Worker: sampleWorker()}},
 		{"register without labels", Entry{Type: EntryRegisterWorker, Worker: workerspec.Spec{ID: "w", Model: "m", BlockSize: 32}}},
 		{"unregister", Entry{Type: EntryUnregisterWorker, ID: "vllm-0"}},
+		{"replace", Entry{Type: EntryReplaceWorker, Expected: sampleWorker(), Worker: workerspec.Spec{ID: "vllm-0", Model: "m", DPSize: 4}}},
 		{"member address", Entry{Type: EntryMemberAddr, ID: "node-2", GRPCAddr: "10.0.0.2:7070"}},
 		{"member removed", Entry{Type: EntryMemberRemoved, ID: "node-2"}},
 		{"known type marked ignorable", Entry{Type: EntryMemberRemoved, Ignorable: true, ID: "node-2"}},
@@ -102,6 +103,7 @@ func TestEntryGolden(t *testing.T) {
 		"batches":    {Type: EntryStreamBatches, Batches: sampleBatches()},
 		"register":   {Type: EntryRegisterWorker, Worker: sampleWorker()},
 		"unregister": {Type: EntryUnregisterWorker, ID: "vllm-0"},
+		"replace":    {Type: EntryReplaceWorker, Expected: sampleWorker(), Worker: workerspec.Spec{ID: "vllm-0", Model: "m", DPSize: 4}},
 		"member":     {Type: EntryMemberAddr, ID: "node-2", GRPCAddr: "10.0.0.2:7070"},
 	}
 	for name, e := range entries {

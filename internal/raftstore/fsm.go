@@ -179,6 +179,8 @@ func (f *fsm) Apply(l *raft.Log) any {
 		res.Err = f.register(e.Worker)
 	case EntryUnregisterWorker:
 		res.Err = f.unregister(e.ID, l.Index)
+	case EntryReplaceWorker:
+		res.Err = f.replace(e.Expected, e.Worker)
 	case EntryMemberAddr:
 		f.mu.Lock()
 		f.members[e.ID] = e.GRPCAddr
@@ -246,6 +248,30 @@ func (f *fsm) register(w workerspec.Spec) error {
 	}
 	f.workers[w.ID] = w
 	delete(f.tombstones, w.ID)
+	list := f.workerListLocked()
+	f.mu.Unlock()
+	f.notifyWorkers(list)
+	return nil
+}
+
+// replace swaps a registered worker's spec for w if it is still expected; a
+// worker already registered as w is left alone (a retried replace). The
+// worker's blocks stay: the spec changes, the engine does not.
+func (f *fsm) replace(expected, w workerspec.Spec) error {
+	f.mu.Lock()
+	cur, exists := f.workers[w.ID]
+	switch {
+	case exists && sameWorker(&cur, &w):
+		f.mu.Unlock()
+		return nil
+	case !exists:
+		f.mu.Unlock()
+		return fmt.Errorf("%w: %q", ErrUnknownWorker, w.ID)
+	case !sameWorker(&cur, &expected):
+		f.mu.Unlock()
+		return fmt.Errorf("%w: %q", ErrWorkerChanged, w.ID)
+	}
+	f.workers[w.ID] = w
 	list := f.workerListLocked()
 	f.mu.Unlock()
 	f.notifyWorkers(list)

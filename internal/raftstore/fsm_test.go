@@ -152,6 +152,11 @@ func TestFSMRegistry(t *testing.T) {
 	f := newTestFSM(t, func(w []workerspec.Spec) { seen = append(seen, w) })
 	w := sampleWorker()
 	other := workerspec.Spec{ID: "aaa", Model: "m", BlockSize: 16}
+	wider := w
+	wider.DPSize = int(w.Ranks()) + 1 // one more dp rank
+	other2 := w
+	other2.Model = "not-the-registered-one"
+	ghost := workerspec.Spec{ID: "ghost", Model: "m"}
 	steps := []struct {
 		name    string
 		entry   Entry
@@ -162,6 +167,10 @@ func TestFSMRegistry(t *testing.T) {
 		{"register another", Entry{Type: EntryRegisterWorker, Worker: other}, nil, []string{"aaa", "vllm-0"}},
 		{"register again, same spec", Entry{Type: EntryRegisterWorker, Worker: w}, nil, []string{"aaa", "vllm-0"}},
 		{"register again, other spec", Entry{Type: EntryRegisterWorker, Worker: workerspec.Spec{ID: "vllm-0", Model: "x", BlockSize: 16}}, ErrWorkerExists, []string{"aaa", "vllm-0"}},
+		{"replace, expecting another spec", Entry{Type: EntryReplaceWorker, Expected: other2, Worker: wider}, ErrWorkerChanged, []string{"aaa", "vllm-0"}},
+		{"replace an unknown worker", Entry{Type: EntryReplaceWorker, Expected: ghost, Worker: ghost}, ErrUnknownWorker, []string{"aaa", "vllm-0"}},
+		{"replace", Entry{Type: EntryReplaceWorker, Expected: w, Worker: wider}, nil, []string{"aaa", "vllm-0"}},
+		{"replace again (a retry)", Entry{Type: EntryReplaceWorker, Expected: w, Worker: wider}, nil, []string{"aaa", "vllm-0"}},
 		{"unregister unknown", Entry{Type: EntryUnregisterWorker, ID: "nope"}, ErrUnknownWorker, []string{"aaa", "vllm-0"}},
 		{"unregister", Entry{Type: EntryUnregisterWorker, ID: "vllm-0"}, nil, []string{"aaa"}},
 	}
@@ -178,8 +187,13 @@ func TestFSMRegistry(t *testing.T) {
 			t.Fatalf("%s: registry %v, want %v", st.name, ids, st.wantIDs)
 		}
 	}
-	if len(seen) != 3 {
-		t.Errorf("OnWorkersChanged called %d times, want 3 (two registrations, one removal)", len(seen))
+	if len(seen) != 4 {
+		t.Errorf("OnWorkersChanged called %d times, want 4 (two registrations, one replacement, one removal)", len(seen))
+	}
+	if len(seen) > 2 {
+		if got := seen[2]; len(got) != 2 || !sameWorker(&got[1], &wider) {
+			t.Errorf("after the replacement the registry was %+v, want vllm-0 as %+v", got, wider)
+		}
 	}
 	if got, ok := f.Worker("aaa"); !ok || !sameWorker(&got, &other) {
 		t.Errorf("Worker(aaa) = %+v, %v", got, ok)
@@ -216,6 +230,29 @@ func TestFSMUnregisterDropsBlocksAndLateBatches(t *testing.T) {
 	applyEntry(t, f, 5, Entry{Type: EntryRegisterWorker, Worker: sampleWorker()})
 	if r := applyEntry(t, f, 6, batchesEntry(stored(4))); r.Applied != 1 {
 		t.Errorf("batch after registering again: %+v, want applied", r)
+	}
+}
+
+// TestFSMReplaceKeepsBlocks: replacing a worker's spec (one more dp rank)
+// leaves the blocks it holds and its cursors where they are.
+func TestFSMReplaceKeepsBlocks(t *testing.T) {
+	f := newTestFSM(t, nil)
+	w := sampleWorker()
+	applyEntry(t, f, 1, Entry{Type: EntryRegisterWorker, Worker: w})
+	applyEntry(t, f, 2, batchesEntry(ingest.StreamBatch{Stream: ws("vllm-0", 0), Seq: 7, Ops: []ingest.Op{
+		{Kind: ingest.OpStored, Hashes: []uint64{1}, Keys: []uint64{1}},
+	}}))
+	before := f.applier.Index().Digest()
+	wider := w
+	wider.DPSize = int(w.Ranks()) + 1
+	if r := applyEntry(t, f, 3, Entry{Type: EntryReplaceWorker, Expected: w, Worker: wider}); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if f.applier.Index().Digest() != before {
+		t.Error("replacing the spec changed the index")
+	}
+	if c, ok := f.applier.Cursor(ws("vllm-0", 0)); !ok || c.Seq != 7 {
+		t.Errorf("cursor after the replacement = %+v, %v; want seq 7", c, ok)
 	}
 }
 

@@ -593,6 +593,21 @@ func (n *Node) RegisterWorker(ctx context.Context, w workerspec.Spec) (uint64, e
 	return index, err
 }
 
+// ReplaceWorker replaces the registered spec of w.ID with w if it is still
+// expected, in one log entry (leader only): a compare-and-set, so that two
+// callers extending the same worker (say, registering its dp ranks one by one)
+// cannot undo each other. The worker's blocks stay. It fails with
+// ErrWorkerChanged when another spec is registered (read it again and retry),
+// ErrUnknownWorker when none is; replacing with the spec already registered
+// succeeds.
+func (n *Node) ReplaceWorker(ctx context.Context, expected, w workerspec.Spec) (uint64, error) {
+	if err := w.Validate(); err != nil {
+		return 0, err
+	}
+	_, index, err := n.proposeEntry(ctx, &Entry{Type: EntryReplaceWorker, Expected: expected, Worker: w})
+	return index, err
+}
+
 // UnregisterWorker removes worker id from the registry and its blocks from the
 // index, on every replica (leader only). Batches of the worker still in flight are
 // dropped when they commit. Unknown ids fail with ErrUnknownWorker.

@@ -18,6 +18,9 @@ var (
 	ErrWorkerExists = errors.New("raftstore: worker already registered with a different spec")
 	// ErrUnknownWorker: no worker with this id is registered.
 	ErrUnknownWorker = errors.New("raftstore: unknown worker")
+	// ErrWorkerChanged: a compare-and-set of a worker's spec (ReplaceWorker) found
+	// another spec registered than the one it expected; read it again and retry.
+	ErrWorkerChanged = errors.New("raftstore: the worker's registered spec changed")
 )
 
 // checkWorker is the registry's own, minimal check, applied by every replica when

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +18,8 @@ import (
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/kvblock"
+	"github.com/kvindex/kvindex/internal/radix"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 const adminToken = "s3cret-token"
@@ -342,5 +345,63 @@ func TestScoreReportsTheAppliedIndex(t *testing.T) {
 	_, body = f.get("/workers")
 	if err := protojson.Unmarshal([]byte(body), &w); err != nil || w.AppliedIndex < after.AppliedIndex {
 		t.Errorf("workers applied_index %d < %d (%v)", w.AppliedIndex, after.AppliedIndex, err)
+	}
+}
+
+// TestCompatRegisterOfDPRanksIsOneCompareAndSet registers a worker's dp ranks
+// through the compatible /register form, ranks 1..3 at once: each is one
+// compare-and-set of the worker's spec, so none undoes another, and the
+// worker's blocks stay (it used to be unregistered and registered again).
+func TestCompatRegisterOfDPRanksIsOneCompareAndSet(t *testing.T) {
+	f := newFixture(t, fixtureOptions{engines: []engineSpec{}})
+	e := startEngineFor(t, engineSpec{name: "dp4", dp: 4, gpuBlocks: 256})
+	spec := workerFlagFor(t, "dp4", e)
+	code, body := f.postJSON("/register", map[string]any{"instance_id": "dp4", "model": testModel,
+		"endpoint": spec.Endpoint, "replay_endpoint": spec.Replay, "block_size": 4})
+	if code != 201 {
+		t.Fatalf("POST /register rank 0 = %d %s", code, body)
+	}
+	f.engines["dp4"] = e
+	f.generate("dp4", 0, []uint32{1, 2, 3, 4, 5, 6, 7, 8}, "")
+	rank0 := radix.WorkerKey{Worker: "dp4", DPRank: 0}
+	before := f.srv.Index().HeldBlocks(rank0)
+	if before == 0 {
+		t.Fatal("rank 0's blocks were not indexed")
+	}
+
+	var wg sync.WaitGroup
+	codes := make([]int, 4)
+	bodies := make([]string, 4)
+	for rank := 1; rank <= 3; rank++ {
+		ep, err := workerspec.OffsetEndpoint(spec.Endpoint, uint32(rank))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[rank], bodies[rank] = f.postJSON("/register", map[string]any{"instance_id": "dp4", "model": testModel,
+				"endpoint": ep, "dp_rank": rank})
+		}()
+	}
+	wg.Wait()
+	for rank := 1; rank <= 3; rank++ {
+		if codes[rank] != 201 {
+			t.Errorf("POST /register dp_rank %d = %d %s", rank, codes[rank], bodies[rank])
+		}
+	}
+	workers, err := f.index.Workers(context.Background(), &kvindexv1.WorkersRequest{Model: testModel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(workers.Workers) != 1 || workers.Workers[0].Spec.DpSize != 4 {
+		t.Fatalf("registry after ranks 1..3 = %v, want dp4 with dp_size 4", workers.Workers)
+	}
+	if got := f.srv.Index().HeldBlocks(rank0); got != before {
+		t.Errorf("rank 0 holds %d blocks after its worker gained ranks, %d before: they must stay", got, before)
+	}
+	f.generate("dp4", 3, []uint32{9, 9, 9, 9}, "")
+	if f.srv.Index().HeldBlocks(radix.WorkerKey{Worker: "dp4", DPRank: 3}) == 0 {
+		t.Error("rank 3, registered last, is not followed")
 	}
 }

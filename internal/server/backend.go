@@ -40,6 +40,10 @@ type Backend interface {
 	// succeeds, another spec with the same id fails with ErrAlreadyExists. It
 	// returns the applied index at which the registration is visible.
 	RegisterWorker(ctx context.Context, spec workerspec.Spec) (uint64, error)
+	// ReplaceWorker replaces the registered spec of spec.ID with spec if it is
+	// still expected (a compare-and-set), keeping the worker's blocks; another
+	// spec registered fails with ErrConflict, none with ErrNotFound.
+	ReplaceWorker(ctx context.Context, expected, spec workerspec.Spec) (uint64, error)
 	// UnregisterWorker removes a worker and, before it returns, every block it
 	// holds; an unknown id fails with ErrNotFound.
 	UnregisterWorker(ctx context.Context, id string) (uint64, error)

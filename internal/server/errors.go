@@ -44,6 +44,8 @@ var (
 	// ErrRequestTimeout: the client did not send its request (a slow body)
 	// within --http-read-timeout.
 	ErrRequestTimeout = errors.New("request timeout")
+	// ErrConflict: a compare-and-set lost to a concurrent change; read again and retry.
+	ErrConflict = errors.New("conflicting change")
 	// ErrWatchLagging: a Watch stream fell too far behind the apply loop.
 	ErrWatchLagging = errors.New("watcher fell behind")
 	// ErrWatchResumeUnavailable: a Watch asked to resume after an applied index
@@ -99,6 +101,7 @@ var errorTable = []errorClass{
 	{tokenize.ErrUnknownModel, codes.NotFound, http.StatusNotFound, "unknown_model"},
 	{ErrNotFound, codes.NotFound, http.StatusNotFound, "not_found"},
 	{ErrAlreadyExists, codes.AlreadyExists, http.StatusConflict, "already_exists"},
+	{ErrConflict, codes.Aborted, http.StatusConflict, "conflict"},
 	{ErrFailedPrecondition, codes.FailedPrecondition, http.StatusBadRequest, "failed_precondition"},
 	{ingest.ErrWorkerConflict, codes.FailedPrecondition, http.StatusBadRequest, "failed_precondition"},
 	{tokenize.ErrNotSupported, codes.FailedPrecondition, http.StatusBadRequest, "failed_precondition"},

@@ -501,7 +501,16 @@ func (s adminService) RegisterWorker(ctx context.Context, req *kvindexv1.Registe
 	if err != nil {
 		return nil, err
 	}
-	applied, err := s.a.registerWorker(ctx, spec)
+	var applied uint64
+	if req.Expected != nil {
+		expected, perr := specFromProto(req.Expected)
+		if perr != nil {
+			return nil, fmt.Errorf("expected: %w", perr)
+		}
+		applied, err = s.a.replaceWorker(ctx, expected, spec)
+	} else {
+		applied, err = s.a.registerWorker(ctx, spec)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -516,6 +525,21 @@ func (a *API) registerWorker(ctx context.Context, spec workerspec.Spec) (uint64,
 		return 0, err
 	}
 	applied, err := a.backend.RegisterWorker(ctx, spec)
+	a.view.invalidate()
+	return applied, err
+}
+
+func (a *API) replaceWorker(ctx context.Context, expected, spec workerspec.Spec) (uint64, error) {
+	if err := checkNames("worker id", spec.ID, "model", spec.Model); err != nil {
+		return 0, err
+	}
+	if expected.ID != spec.ID {
+		return 0, invalidArg("expected.id %q differs from worker.id %q: a replacement keeps the id", expected.ID, spec.ID)
+	}
+	if err := spec.Validate(); err != nil {
+		return 0, err
+	}
+	applied, err := a.backend.ReplaceWorker(ctx, expected, spec)
 	a.view.invalidate()
 	return applied, err
 }

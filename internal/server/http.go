@@ -21,6 +21,7 @@ import (
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/retry"
 	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
@@ -443,38 +444,59 @@ func (a *API) handleRegister(w http.ResponseWriter, r *http.Request) error {
 		}
 		return writeProto(w, resp)
 	}
-	spec, replaces, err := req.spec(r.Context(), a)
-	switch {
-	case err != nil:
-	case replaces:
-		err = a.reRegister(r.Context(), spec)
-	default:
-		_, err = a.registerWorker(r.Context(), spec)
-	}
+	id, err := a.registerCompat(r.Context(), &req)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, map[string]string{"status": "ok", "instance_id": spec.ID})
+	writeJSON(w, http.StatusCreated, map[string]string{"status": "ok", "instance_id": id})
 	return nil
+}
+
+// maxRegisterConflicts bounds how often registerCompat retries a dp-rank
+// registration that lost its compare-and-set to a concurrent one.
+const maxRegisterConflicts = 16
+
+// registerCompat registers the compatible form. A dp rank above 0 extends the
+// registered worker with one compare-and-set of its spec (ReplaceWorker): the
+// worker keeps its blocks, and ranks registered at once by several callers all
+// end up in the spec, the losers of a race reading the registry again.
+func (a *API) registerCompat(ctx context.Context, req *registerJSON) (string, error) {
+	for attempt := 0; ; attempt++ {
+		spec, expected, replaces, err := req.spec(ctx, a)
+		switch {
+		case err != nil:
+			return "", err
+		case !replaces:
+			_, err = a.registerWorker(ctx, spec)
+			return spec.ID, err
+		}
+		_, err = a.replaceWorker(ctx, expected, spec)
+		if !errors.Is(err, ErrConflict) || attempt+1 >= maxRegisterConflicts {
+			return spec.ID, err
+		}
+		if werr := retry.Default.Wait(ctx, attempt); werr != nil {
+			return spec.ID, err
+		}
+	}
 }
 
 // spec turns the compatible form into a WorkerSpec. A dp rank above 0 extends
 // the registered worker whose rank-0 endpoint, offset by the rank, is the
 // endpoint given (kvindex derives rank r's endpoints as port + r); replaces
-// then says the worker's spec changes.
-func (req *registerJSON) spec(ctx context.Context, a *API) (spec workerspec.Spec, replaces bool, err error) {
+// then says the worker's spec changes from expected, as registered now.
+func (req *registerJSON) spec(ctx context.Context, a *API) (spec, expected workerspec.Spec, replaces bool, err error) {
 	id, err := instanceID(req.InstanceID)
 	if err != nil {
-		return spec, false, err
+		return spec, expected, false, err
 	}
 	model, err := oneModel(req.Model, req.ModelName, req.ModelNameMC)
 	if err != nil {
-		return spec, false, err
+		return spec, expected, false, err
 	}
 	spec = workerspec.Spec{ID: id, Model: model, Endpoint: req.Endpoint, Replay: req.ReplayEndpoint}
 	if req.BlockSize != nil {
 		if *req.BlockSize < 1 || *req.BlockSize > maxBlockSize {
-			return spec, false, invalidArg("block_size=%d must be between 1 and %d", *req.BlockSize, maxBlockSize)
+			return spec, expected, false, invalidArg("block_size=%d must be between 1 and %d", *req.BlockSize, maxBlockSize)
 		}
 		spec.BlockSize = int(*req.BlockSize)
 	}
@@ -483,14 +505,14 @@ func (req *registerJSON) spec(ctx context.Context, a *API) (spec workerspec.Spec
 		rank = *req.DPRank
 	}
 	if rank < 0 || rank >= 1024 {
-		return spec, false, invalidArg("dp_rank=%d must be between 0 and 1023", rank)
+		return spec, expected, false, invalidArg("dp_rank=%d must be between 0 and 1023", rank)
 	}
 	if rank == 0 {
-		return spec, false, nil
+		return spec, expected, false, nil
 	}
 	list, err := a.backend.Workers(ctx)
 	if err != nil {
-		return spec, false, err
+		return spec, expected, false, err
 	}
 	for _, ws := range list {
 		if ws.Spec.ID != id {
@@ -499,26 +521,16 @@ func (req *registerJSON) spec(ctx context.Context, a *API) (spec workerspec.Spec
 		base := ws.Spec
 		want, err := workerspec.OffsetEndpoint(base.Endpoint, uint32(rank))
 		if err != nil || want != req.Endpoint {
-			return spec, false, invalidArg("dp_rank=%d of %q: endpoint %q is not rank 0's endpoint %q offset by %d (%s)", rank, id, req.Endpoint, base.Endpoint, rank, want)
+			return spec, expected, false, invalidArg("dp_rank=%d of %q: endpoint %q is not rank 0's endpoint %q offset by %d (%s)", rank, id, req.Endpoint, base.Endpoint, rank, want)
 		}
 		if int64(base.Ranks()) > rank {
-			return base, false, nil
+			return base, base, false, nil
 		}
+		expected = base
 		base.DPSize = int(rank) + 1
-		return base, true, nil
+		return base, expected, true, nil
 	}
-	return spec, false, invalidArg("dp_rank=%d of %q: register dp rank 0 first", rank, id)
-}
-
-// reRegister replaces a worker's spec: the registry keeps one spec per id, so
-// the worker leaves (its blocks with it) and comes back, and ingest reads its
-// engine's replay buffer again.
-func (a *API) reRegister(ctx context.Context, spec workerspec.Spec) error {
-	if _, err := a.unregisterWorker(ctx, spec.ID); err != nil {
-		return err
-	}
-	_, err := a.registerWorker(ctx, spec)
-	return err
+	return spec, expected, false, invalidArg("dp_rank=%d of %q: register dp rank 0 first", rank, id)
 }
 
 // instanceID reads an instance id given as a JSON string or number.

@@ -92,6 +92,8 @@ func fromRaft(err error) error {
 		return fmt.Errorf("%w: %w", ErrAlreadyExists, err)
 	case errors.Is(err, raftstore.ErrUnknownWorker):
 		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	case errors.Is(err, raftstore.ErrWorkerChanged):
+		return fmt.Errorf("%w: %w", ErrConflict, err)
 	case errors.Is(err, raftstore.ErrInvalidWorker), errors.Is(err, raftstore.ErrInvalidConfig):
 		return fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 	case errors.Is(err, raftstore.ErrShutdown), errors.Is(err, raftstore.ErrFSMStopped):
@@ -150,6 +152,16 @@ func (b *raftBackend) RegisterWorker(ctx context.Context, spec workerspec.Spec) 
 		return index, err
 	}, func(ctx context.Context, c kvindexv1.AdminServiceClient) (uint64, error) {
 		resp, err := c.RegisterWorker(ctx, &kvindexv1.RegisterWorkerRequest{Worker: specProto(spec)})
+		return resp.GetAppliedIndex(), err
+	})
+}
+
+// ReplaceWorker swaps a worker's spec through the log if it is still expected.
+func (b *raftBackend) ReplaceWorker(ctx context.Context, expected, spec workerspec.Spec) (uint64, error) {
+	return b.onLeader(ctx, func() (uint64, error) {
+		return b.node.ReplaceWorker(ctx, expected, spec)
+	}, func(ctx context.Context, c kvindexv1.AdminServiceClient) (uint64, error) {
+		resp, err := c.RegisterWorker(ctx, &kvindexv1.RegisterWorkerRequest{Worker: specProto(spec), Expected: specProto(expected)})
 		return resp.GetAppliedIndex(), err
 	})
 }

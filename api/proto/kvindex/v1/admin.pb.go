@@ -78,7 +78,13 @@ func (Suffrage) EnumDescriptor() ([]byte, []int) {
 type RegisterWorkerRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The worker to register; id, model and block_size are required.
-	Worker        *WorkerSpec `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	Worker *WorkerSpec `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	// Compare-and-set: when set, the worker with this id must be registered with
+	// exactly this spec, which worker then replaces in one log entry, keeping the
+	// worker's cached blocks (for example to add a dp rank). Fails with ABORTED
+	// when another spec is registered (read it again and retry), NOT_FOUND when
+	// none is; succeeds when worker is registered already.
+	Expected      *WorkerSpec `protobuf:"bytes,2,opt,name=expected,proto3" json:"expected,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -116,6 +122,13 @@ func (*RegisterWorkerRequest) Descriptor() ([]byte, []int) {
 func (x *RegisterWorkerRequest) GetWorker() *WorkerSpec {
 	if x != nil {
 		return x.Worker
+	}
+	return nil
+}
+
+func (x *RegisterWorkerRequest) GetExpected() *WorkerSpec {
+	if x != nil {
+		return x.Expected
 	}
 	return nil
 }
@@ -841,9 +854,10 @@ var File_kvindex_v1_admin_proto protoreflect.FileDescriptor
 const file_kvindex_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x16kvindex/v1/admin.proto\x12\n" +
-	"kvindex.v1\x1a\x17kvindex/v1/worker.proto\"G\n" +
+	"kvindex.v1\x1a\x17kvindex/v1/worker.proto\"{\n" +
 	"\x15RegisterWorkerRequest\x12.\n" +
-	"\x06worker\x18\x01 \x01(\v2\x16.kvindex.v1.WorkerSpecR\x06worker\"m\n" +
+	"\x06worker\x18\x01 \x01(\v2\x16.kvindex.v1.WorkerSpecR\x06worker\x122\n" +
+	"\bexpected\x18\x02 \x01(\v2\x16.kvindex.v1.WorkerSpecR\bexpected\"m\n" +
 	"\x16RegisterWorkerResponse\x12.\n" +
 	"\x06worker\x18\x01 \x01(\v2\x16.kvindex.v1.WorkerInfoR\x06worker\x12#\n" +
 	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\"6\n" +
@@ -933,27 +947,28 @@ var file_kvindex_v1_admin_proto_goTypes = []any{
 }
 var file_kvindex_v1_admin_proto_depIdxs = []int32{
 	14, // 0: kvindex.v1.RegisterWorkerRequest.worker:type_name -> kvindex.v1.WorkerSpec
-	15, // 1: kvindex.v1.RegisterWorkerResponse.worker:type_name -> kvindex.v1.WorkerInfo
-	0,  // 2: kvindex.v1.JoinRequest.suffrage:type_name -> kvindex.v1.Suffrage
-	11, // 3: kvindex.v1.ClusterResponse.members:type_name -> kvindex.v1.ClusterMember
-	0,  // 4: kvindex.v1.ClusterMember.suffrage:type_name -> kvindex.v1.Suffrage
-	1,  // 5: kvindex.v1.AdminService.RegisterWorker:input_type -> kvindex.v1.RegisterWorkerRequest
-	3,  // 6: kvindex.v1.AdminService.UnregisterWorker:input_type -> kvindex.v1.UnregisterWorkerRequest
-	5,  // 7: kvindex.v1.AdminService.Join:input_type -> kvindex.v1.JoinRequest
-	7,  // 8: kvindex.v1.AdminService.Leave:input_type -> kvindex.v1.LeaveRequest
-	9,  // 9: kvindex.v1.AdminService.Cluster:input_type -> kvindex.v1.ClusterRequest
-	12, // 10: kvindex.v1.AdminService.Snapshot:input_type -> kvindex.v1.SnapshotRequest
-	2,  // 11: kvindex.v1.AdminService.RegisterWorker:output_type -> kvindex.v1.RegisterWorkerResponse
-	4,  // 12: kvindex.v1.AdminService.UnregisterWorker:output_type -> kvindex.v1.UnregisterWorkerResponse
-	6,  // 13: kvindex.v1.AdminService.Join:output_type -> kvindex.v1.JoinResponse
-	8,  // 14: kvindex.v1.AdminService.Leave:output_type -> kvindex.v1.LeaveResponse
-	10, // 15: kvindex.v1.AdminService.Cluster:output_type -> kvindex.v1.ClusterResponse
-	13, // 16: kvindex.v1.AdminService.Snapshot:output_type -> kvindex.v1.SnapshotResponse
-	11, // [11:17] is the sub-list for method output_type
-	5,  // [5:11] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	14, // 1: kvindex.v1.RegisterWorkerRequest.expected:type_name -> kvindex.v1.WorkerSpec
+	15, // 2: kvindex.v1.RegisterWorkerResponse.worker:type_name -> kvindex.v1.WorkerInfo
+	0,  // 3: kvindex.v1.JoinRequest.suffrage:type_name -> kvindex.v1.Suffrage
+	11, // 4: kvindex.v1.ClusterResponse.members:type_name -> kvindex.v1.ClusterMember
+	0,  // 5: kvindex.v1.ClusterMember.suffrage:type_name -> kvindex.v1.Suffrage
+	1,  // 6: kvindex.v1.AdminService.RegisterWorker:input_type -> kvindex.v1.RegisterWorkerRequest
+	3,  // 7: kvindex.v1.AdminService.UnregisterWorker:input_type -> kvindex.v1.UnregisterWorkerRequest
+	5,  // 8: kvindex.v1.AdminService.Join:input_type -> kvindex.v1.JoinRequest
+	7,  // 9: kvindex.v1.AdminService.Leave:input_type -> kvindex.v1.LeaveRequest
+	9,  // 10: kvindex.v1.AdminService.Cluster:input_type -> kvindex.v1.ClusterRequest
+	12, // 11: kvindex.v1.AdminService.Snapshot:input_type -> kvindex.v1.SnapshotRequest
+	2,  // 12: kvindex.v1.AdminService.RegisterWorker:output_type -> kvindex.v1.RegisterWorkerResponse
+	4,  // 13: kvindex.v1.AdminService.UnregisterWorker:output_type -> kvindex.v1.UnregisterWorkerResponse
+	6,  // 14: kvindex.v1.AdminService.Join:output_type -> kvindex.v1.JoinResponse
+	8,  // 15: kvindex.v1.AdminService.Leave:output_type -> kvindex.v1.LeaveResponse
+	10, // 16: kvindex.v1.AdminService.Cluster:output_type -> kvindex.v1.ClusterResponse
+	13, // 17: kvindex.v1.AdminService.Snapshot:output_type -> kvindex.v1.SnapshotResponse
+	12, // [12:18] is the sub-list for method output_type
+	6,  // [6:12] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_kvindex_v1_admin_proto_init() }
