@@ -1,52 +1,18 @@
 // Package ingest turns the KV-cache event streams of inference engines (vLLM,
-// SGLang) into ordered, decoded batches for the index.
+// SGLang) into ordered batches of index operations.
 //
-// One part of the package is pure and does no I/O: ZMQ frame and topic parsing
-// (frame.go), msgpack decoding (decode.go, event.go), per-stream sequence tracking
-// (sequence.go), events to index operations (ops.go) and applying them (apply.go).
-// The other part drives it: the Manager's ZMQ and NATS subscribers (manager.go,
-// stream.go, zmq.go, nats.go, replay.go), the relay (relay.go) and the single-node
-// hand-off to the index (localsink.go).
+// The wire codec (frames, topics, msgpack event batches, replay framing) is
+// package wire below this one. Here, one part is pure and does no I/O:
+// per-stream sequence tracking (sequence.go), events to index operations
+// (ops.go) and applying them (apply.go). The other part drives it: the Manager's
+// ZMQ and NATS subscribers (manager.go, stream.go, zmq.go, nats.go, replay.go),
+// the relay (relay.go) and the single-node hand-off to the index (localsink.go).
 //
-// # Wire format
+// # Events the index does not take
 //
-// Checked against vLLM's vllm/distributed/kv_events.py and SGLang's
-// python/sglang/srt/disaggregation/kv_events.py (both msgspec structs, tag=True,
-// omit_defaults=True):
+// Decoded events that cannot or must not be indexed are counted in
+// kvindex_ingest_refused_events_total{reason} (ops.go):
 //
-//   - A live message is [topic, seq uint64 big-endian, payload] (ParseFrame). The
-//     topic is what the engine was configured with, possibly empty; llm-d publishes
-//     "kv@<pod>@<model>" (ParseTopic).
-//   - The payload is an EventBatch: an array [ts, events, dp_rank|nil, ...] (vLLM up
-//     to 0.2x and SGLang: array_like=True; old ones send only [ts, events]; SGLang
-//     calls the rank attn_dp_rank) or a map {"ts", "events", "data_parallel_rank" or
-//     "attn_dp_rank"} (current vLLM, which dropped array_like). Trailing array fields
-//     and unknown keys are skipped and counted.
-//   - An event is a tagged array [tag, fields...] (array_like with tag=True) or a
-//     tagged map {"type": tag, field: value...} (current vLLM and SGLang). Tags:
-//     BlockStored, BlockRemoved, AllBlocksCleared; other tags are skipped and counted.
-//   - BlockStored fields in array order: block_hashes, parent_block_hash, token_ids,
-//     block_size, lora_id, medium, lora_name, extra_keys, group_idx,
-//     kv_cache_spec_kind, kv_cache_spec_sliding_window, locality, ownership,
-//     session_id. The first four are required; omit_defaults lets an array end after
-//     any later one. SGLang's BlockStoredWithMetadata appends a map
-//     {"cache_salt": ...} right after medium; in arrays any map from the lora_name
-//     position on is taken as that metadata. SGLang's map events carry cache_salt as
-//     a key of their own. vLLM sends the salt only inside extra_keys (the first
-//     block's tuple, after the LoRA name); the decoder takes it from there.
-//   - BlockRemoved: block_hashes, medium, group_idx, locality, ownership.
-//     AllBlocksCleared: no fields (any it has are counted and ignored, so it always
-//     clears every tier).
-//   - Block hashes are ints (vLLM uint64, SGLang signed int64: reinterpreted as
-//     uint64) or bytes (vLLM's sha256 hashes: the last 8 bytes, big-endian; shorter
-//     strings as if left-padded with zeros; an empty one is malformed).
-//   - Medium: GPU, CPU, CPU_PINNED, DISK, STORAGE, EXTERNAL (any case), nil = GPU;
-//     other names are classified by family (a name containing CPU is CPU; DISK,
-//     FS, OBJ, STORAGE are storage; REMOTE is external: vLLM's short-lived FS/OBJ,
-//     LMCache's backend names); an unclassifiable string is counted and indexed as
-//     GPU (see Medium).
-//   - parent_block_hash nil, absent or 0 means the chain starts at the root
-//     (llm-d's publishers send 0).
 //   - Placeholder BlockStored events (no token_ids, block_size 0: vLLM's offloading
 //     connector) are skipped and counted (kvindex_ingest_refused_events_total
 //     {reason="placeholder"}), never logged.
@@ -57,16 +23,9 @@
 //     sliding-window, chunked-local or Mamba group keeps only part of it. Their
 //     events, BlockRemoved included, are skipped and counted
 //     ({reason="other_group"}); see opBuilder.indexes.
-//   - Replay: a DEALER sends ["", start_seq 8B BE] to the engine's ROUTER
-//     (ReplayRequest) and receives ["", topic, seq, payload] (current vLLM) or
-//     ["", seq, payload] (older vLLM, SGLang), then an end marker whose seq is
-//     0xffffffffffffffff (ParseReplayReply).
-//
-// A malformed batch (bad msgpack, a known field of the wrong type, a required field
-// missing, trailing bytes) is rejected whole with an error wrapping ErrMalformed:
-// applying part of a batch would leave the index different from the engine in ways
-// nobody could see. The decoder never panics, and allocates in proportion to what it
-// actually reads, whatever length prefixes claim.
+//   - Events whose token count is not block_size per block hash, or whose block
+//     size differs from the worker's (token_count, block_size), and events of a
+//     worker whose model is unknown (no_model): logged at a rate limit.
 //
 // # Sequence tracking
 //
@@ -77,7 +36,7 @@
 //	d := tr.Observe(frame.Seq)
 //	switch {
 //	case d.Action.Applies(): // decode; on error tr.Discard(), else submit with Reset: d.Action.Clears()
-//	case d.Action == ActionGap: // hold the batch, send ReplayRequest(d.From)
+//	case d.Action == ActionGap: // hold the batch, send wire.ReplayRequest(d.From)
 //		// for each reply until the end marker or a timeout:
 //		//     if a := tr.Replayed(reply.Seq); a.Applies() { submit it, Reset: a.Clears() }
 //		// then: if a := tr.FinishReplay(); a.Applies() { submit the held batch, Reset: a.Clears() }
@@ -120,7 +79,7 @@
 //
 // # Concurrency
 //
-// A Decoder and a Tracker each belong to one goroutine (one per socket, one per
+// A wire.Decoder and a Tracker each belong to one goroutine (one per socket, one per
 // stream); so does every ZMQ socket. The pure functions are safe to call from
 // anywhere. Manager and LocalSink methods are safe for concurrent use (each
 // documents its own contract). Inside a Manager the lock order is: change (the

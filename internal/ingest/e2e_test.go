@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
+	"github.com/kvindex/kvindex/internal/ingest/wire"
 	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
@@ -23,7 +24,7 @@ func bindEngine(t *testing.T, p *pipeline, mutate func(*fakeengine.Config)) *fak
 // topicWorkerID is the worker id bind mode derives from an engine's topic.
 func topicWorkerID(t *testing.T, e *fakeengine.Engine) string {
 	t.Helper()
-	worker, _, err := ParseTopic(e.Topic())
+	worker, _, err := wire.ParseTopic(e.Topic())
 	if err != nil {
 		t.Fatal(err)
 	}

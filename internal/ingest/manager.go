@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/ingest/wire"
 	"github.com/kvindex/kvindex/internal/workerspec"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
@@ -129,7 +130,7 @@ type ManagerConfig struct {
 const DefaultNATSSubjectPrefix = "kv.events"
 
 // DefaultMaxFrameBytes is the default MaxFrameBytes.
-const DefaultMaxFrameBytes = DefaultMaxPayload
+const DefaultMaxFrameBytes = wire.DefaultMaxPayload
 
 // DefaultMaxDiscoveredWorkers is the default MaxDiscoveredWorkers.
 const DefaultMaxDiscoveredWorkers = 1024

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/ingest/wire"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -120,11 +121,11 @@ type streamMetrics struct {
 func (m *metrics) forStream(s Stream) *streamMetrics {
 	w, r := s.Worker, strconv.FormatUint(uint64(s.DPRank), 10)
 	return &streamMetrics{
-		stored:        m.events.WithLabelValues(w, tagBlockStored),
-		removed:       m.events.WithLabelValues(w, tagBlockRemoved),
-		cleared:       m.events.WithLabelValues(w, tagAllBlocksCleared),
-		storedBlocks:  m.blockEvents.WithLabelValues(w, tagBlockStored),
-		removedBlocks: m.blockEvents.WithLabelValues(w, tagBlockRemoved),
+		stored:        m.events.WithLabelValues(w, wire.BlockStored.String()),
+		removed:       m.events.WithLabelValues(w, wire.BlockRemoved.String()),
+		cleared:       m.events.WithLabelValues(w, wire.AllBlocksCleared.String()),
+		storedBlocks:  m.blockEvents.WithLabelValues(w, wire.BlockStored.String()),
+		removedBlocks: m.blockEvents.WithLabelValues(w, wire.BlockRemoved.String()),
 		applied:       m.batches.WithLabelValues(w, "applied"),
 		duplicate:     m.batches.WithLabelValues(w, "duplicate"),
 		undecodable:   m.batches.WithLabelValues(w, "undecodable"),

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/ingest/wire"
 	"github.com/kvindex/kvindex/internal/workerspec"
 	"github.com/nats-io/nats.go"
 )
@@ -140,7 +141,7 @@ func (r *run) natsLoop(s *natsSub) {
 	m := r.m
 	defer s.nc.Close()
 	d := r.newDispatcher("nats")
-	dec := NewDecoder(m.cfg.MaxFrameBytes)
+	dec := wire.NewDecoder(m.cfg.MaxFrameBytes)
 	for {
 		msg, err := s.sub.NextMsgWithContext(r.ctx)
 		if err != nil {
@@ -170,7 +171,7 @@ func (r *run) natsLoop(s *natsSub) {
 		countDecode(r.env, "nats", st, err)
 		model := header(msg.Header, HeaderModel)
 		if model == "" {
-			if _, fromTopic, err := ParseTopic(header(msg.Header, HeaderTopic)); err == nil {
+			if _, fromTopic, err := wire.ParseTopic(header(msg.Header, HeaderTopic)); err == nil {
 				model = fromTopic
 			}
 		}

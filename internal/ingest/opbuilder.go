@@ -1,5 +1,7 @@
 package ingest
 
+import "github.com/kvindex/kvindex/internal/ingest/wire"
+
 // OpBuilder turns one stream's decoded events into index Ops exactly as a
 // subscription does (block keys from the tokens with the worker's block size,
 // namespace from model, LoRA and cache salt, refusals dropped). It exists for
@@ -14,7 +16,7 @@ func NewOpBuilder(model string, blockSize int) *OpBuilder {
 }
 
 // Build converts events to Ops; the Ops alias the events' hash slices.
-func (b *OpBuilder) Build(events []Event) []Op {
+func (b *OpBuilder) Build(events []wire.Event) []Op {
 	ops, _ := b.b.build(events)
 	return ops
 }

@@ -4,16 +4,17 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvindex/kvindex/internal/ingest/wire"
 	"github.com/kvindex/kvindex/internal/kvblock"
 	"github.com/kvindex/kvindex/internal/radix"
 )
 
 func TestOpBuilderBuildsWhatASubscriptionBuilds(t *testing.T) {
 	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
-	events := []Event{
-		{Kind: BlockStored, BlockHashes: []uint64{10, 11}, TokenIDs: toks, BlockSize: 4},
-		{Kind: BlockStored, BlockHashes: []uint64{12}, TokenIDs: toks, BlockSize: 4}, // token count mismatch: refused
-		{Kind: BlockRemoved, BlockHashes: []uint64{10}},
+	events := []wire.Event{
+		{Kind: wire.BlockStored, BlockHashes: []uint64{10, 11}, TokenIDs: toks, BlockSize: 4},
+		{Kind: wire.BlockStored, BlockHashes: []uint64{12}, TokenIDs: toks, BlockSize: 4}, // token count mismatch: refused
+		{Kind: wire.BlockRemoved, BlockHashes: []uint64{10}},
 	}
 	ops := NewOpBuilder("m", 4).Build(events)
 	if len(ops) != 2 || ops[0].Kind != radix.OpStored || ops[1].Kind != radix.OpRemoved {

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"github.com/kvindex/kvindex/internal/ingest/wire"
 	"github.com/kvindex/kvindex/internal/kvblock"
 )
 
@@ -53,7 +54,7 @@ func fullAttentionKind(kind string) bool {
 // skipped. An event with a kind says itself (and teaches the builder its group);
 // one without (BlockRemoved, or revisions before kv_cache_spec_kind) follows what
 // a BlockStored taught about its group, else only group 0 (or no group) is indexed.
-func (b *opBuilder) indexes(ev *Event) bool {
+func (b *opBuilder) indexes(ev *wire.Event) bool {
 	if ev.KVCacheSpecKind != "" {
 		full := fullAttentionKind(ev.KVCacheSpecKind)
 		if ev.HasGroupIdx {
@@ -106,11 +107,11 @@ type opStats struct {
 // build converts events to Ops. Events that cannot be indexed are refused and
 // counted, not fatal: the other events of the batch still apply. The Ops alias the
 // events' hash slices, which the decoder allocated for this batch alone.
-func (b *opBuilder) build(events []Event) ([]Op, opStats) {
+func (b *opBuilder) build(events []wire.Event) ([]Op, opStats) {
 	var st opStats
 	total := 0
 	for i := range events {
-		if events[i].Kind == BlockStored {
+		if events[i].Kind == wire.BlockStored {
 			total += len(events[i].BlockHashes)
 		}
 	}
@@ -119,7 +120,7 @@ func (b *opBuilder) build(events []Event) ([]Op, opStats) {
 	for i := range events {
 		ev := &events[i]
 		switch ev.Kind {
-		case BlockStored:
+		case wire.BlockStored:
 			if ev.BlockSize == 0 && len(ev.TokenIDs) == 0 {
 				st.placeholders++
 				continue
@@ -156,7 +157,7 @@ func (b *opBuilder) build(events []Event) ([]Op, opStats) {
 			})
 			st.stored++
 			st.storedBlocks += len(ev.BlockHashes)
-		case BlockRemoved:
+		case wire.BlockRemoved:
 			if len(ev.BlockHashes) == 0 {
 				continue
 			}
@@ -167,7 +168,7 @@ func (b *opBuilder) build(events []Event) ([]Op, opStats) {
 			ops = append(ops, Op{Kind: OpRemoved, Hashes: ev.BlockHashes, Tier: ev.Tier()})
 			st.removed++
 			st.removedBlocks += len(ev.BlockHashes)
-		case AllBlocksCleared:
+		case wire.AllBlocksCleared:
 			ops = append(ops, Op{Kind: OpCleared})
 			st.cleared++
 		}

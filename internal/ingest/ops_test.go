@@ -11,22 +11,23 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvindex/kvindex/internal/ingest/wire"
 	"github.com/kvindex/kvindex/internal/kvblock"
 	"github.com/kvindex/kvindex/internal/radix"
 )
 
 func TestOpsFromEvents(t *testing.T) {
 	b := newOpBuilder("llama", 2)
-	events := []Event{
-		{Kind: BlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: MediumGPU},
-		{Kind: BlockStored, BlockHashes: []uint64{3}, Parent: 2, HasParent: true, TokenIDs: []uint32{5, 6}, BlockSize: 2,
-			LoRAName: "sql", CacheSalt: "t1", Medium: MediumCPUPinned},
-		{Kind: BlockStored, BlockHashes: []uint64{4}, TokenIDs: []uint32{5, 6, 7}, BlockSize: 2},    // token count
-		{Kind: BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 4}, // block size
-		{Kind: BlockStored, BlockHashes: []uint64{6, 7}, TokenIDs: []uint32{1, 2, 3}, BlockSize: 2}, // token count
-		{Kind: BlockRemoved, BlockHashes: []uint64{1}, Medium: MediumStorage},
-		{Kind: BlockRemoved},
-		{Kind: AllBlocksCleared},
+	events := []wire.Event{
+		{Kind: wire.BlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: wire.MediumGPU},
+		{Kind: wire.BlockStored, BlockHashes: []uint64{3}, Parent: 2, HasParent: true, TokenIDs: []uint32{5, 6}, BlockSize: 2,
+			LoRAName: "sql", CacheSalt: "t1", Medium: wire.MediumCPUPinned},
+		{Kind: wire.BlockStored, BlockHashes: []uint64{4}, TokenIDs: []uint32{5, 6, 7}, BlockSize: 2},    // token count
+		{Kind: wire.BlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 4}, // block size
+		{Kind: wire.BlockStored, BlockHashes: []uint64{6, 7}, TokenIDs: []uint32{1, 2, 3}, BlockSize: 2}, // token count
+		{Kind: wire.BlockRemoved, BlockHashes: []uint64{1}, Medium: wire.MediumStorage},
+		{Kind: wire.BlockRemoved},
+		{Kind: wire.AllBlocksCleared},
 	}
 	ops, st := b.build(events)
 	want := []Op{
@@ -166,29 +167,29 @@ func TestRateLimitedLogLogsOncePerIntervalAndCountsTheRest(t *testing.T) {
 // publish every KV-cache group. Only full-attention groups reach the index, and
 // nothing of this is a refusal that would be logged.
 func TestPlaceholdersAndOtherGroupsAreSkippedAndCounted(t *testing.T) {
-	stored := func(h uint64, group int64, hasGroup bool, kind string) Event {
-		return Event{Kind: BlockStored, BlockHashes: []uint64{h}, TokenIDs: []uint32{1, 2}, BlockSize: 2,
+	stored := func(h uint64, group int64, hasGroup bool, kind string) wire.Event {
+		return wire.Event{Kind: wire.BlockStored, BlockHashes: []uint64{h}, TokenIDs: []uint32{1, 2}, BlockSize: 2,
 			GroupIdx: group, HasGroupIdx: hasGroup, KVCacheSpecKind: kind}
 	}
-	removed := func(h uint64, group int64, hasGroup bool) Event {
-		return Event{Kind: BlockRemoved, BlockHashes: []uint64{h}, GroupIdx: group, HasGroupIdx: hasGroup}
+	removed := func(h uint64, group int64, hasGroup bool) wire.Event {
+		return wire.Event{Kind: wire.BlockRemoved, BlockHashes: []uint64{h}, GroupIdx: group, HasGroupIdx: hasGroup}
 	}
 	cases := []struct {
 		name       string
-		events     []Event
+		events     []wire.Event
 		wantHashes []uint64 // hashes of the ops, in order
 		want       opStats
 	}{
-		{"placeholder", []Event{{Kind: BlockStored, BlockHashes: []uint64{9}}}, nil, opStats{placeholders: 1}},
-		{"no group info is indexed", []Event{stored(1, 0, false, ""), removed(1, 0, false)}, []uint64{1, 1},
+		{"placeholder", []wire.Event{{Kind: wire.BlockStored, BlockHashes: []uint64{9}}}, nil, opStats{placeholders: 1}},
+		{"no group info is indexed", []wire.Event{stored(1, 0, false, ""), removed(1, 0, false)}, []uint64{1, 1},
 			opStats{stored: 1, storedBlocks: 1, removed: 1, removedBlocks: 1}},
 		{"full attention in group 1, sliding window in group 0",
-			[]Event{stored(1, 0, true, "sliding_window"), stored(2, 1, true, "full_attention"), removed(3, 0, true), removed(4, 1, true)},
+			[]wire.Event{stored(1, 0, true, "sliding_window"), stored(2, 1, true, "full_attention"), removed(3, 0, true), removed(4, 1, true)},
 			[]uint64{2, 4}, opStats{stored: 1, storedBlocks: 1, removed: 1, removedBlocks: 1, otherGroups: 2}},
-		{"mla and sink attention are full", []Event{stored(1, 0, true, "mla_attention"), stored(2, 0, false, "sink_full_attention")},
+		{"mla and sink attention are full", []wire.Event{stored(1, 0, true, "mla_attention"), stored(2, 0, false, "sink_full_attention")},
 			[]uint64{1, 2}, opStats{stored: 2, storedBlocks: 2}},
-		{"mamba without a group", []Event{stored(1, 0, false, "mamba")}, nil, opStats{otherGroups: 1}},
-		{"unknown groups: only group 0", []Event{stored(1, 0, true, ""), stored(2, 1, true, ""), removed(3, 1, true)},
+		{"mamba without a group", []wire.Event{stored(1, 0, false, "mamba")}, nil, opStats{otherGroups: 1}},
+		{"unknown groups: only group 0", []wire.Event{stored(1, 0, true, ""), stored(2, 1, true, ""), removed(3, 1, true)},
 			[]uint64{1}, opStats{stored: 1, storedBlocks: 1, otherGroups: 2}},
 	}
 	for _, c := range cases {

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/ingest/wire"
 	"github.com/kvindex/kvindex/internal/workerspec"
 	"github.com/nats-io/nats.go"
 	zmq "github.com/pebbe/zmq4"
@@ -154,9 +155,9 @@ func (rl *relay) forward(ctx context.Context, rank uint32, sock *zmq.Socket) {
 	subject := Subject(rl.cfg.NATSSubjectPrefix, rl.cfg.Worker, rank)
 	replay, _ := workerspec.Spec{Replay: rl.cfg.Replay}.ReplayEndpoint(rank) // validated
 	rl.zs.receive(ctx, sock, "relay", func(parts [][]byte) bool {
-		f, err := ParseFrame(parts)
+		f, err := wire.ParseFrame(parts)
 		if err == nil && len(f.Payload) > rl.cfg.MaxFrameBytes {
-			err = fmt.Errorf("%w: %d bytes, limit %d", ErrOversize, len(f.Payload), rl.cfg.MaxFrameBytes)
+			err = fmt.Errorf("%w: %d bytes, limit %d", wire.ErrOversize, len(f.Payload), rl.cfg.MaxFrameBytes)
 		}
 		if err != nil {
 			rl.dropped.Add(1)

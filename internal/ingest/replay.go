@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/ingest/wire"
 	zmq "github.com/pebbe/zmq4"
 )
 
@@ -49,7 +50,7 @@ type replayer struct {
 // a previous failure's back-off is running, ErrReplayTimeout when no reply came for
 // the timeout, each's error, or a socket error. A malformed reply is reported to bad
 // and skipped: the tracker sees the seq it lacks.
-func (r *replayer) fetch(ctx context.Context, endpoint string, from, upTo uint64, each func(Frame) error, bad func(error)) error {
+func (r *replayer) fetch(ctx context.Context, endpoint string, from, upTo uint64, each func(wire.Frame) error, bad func(error)) error {
 	if endpoint == "" || time.Now().Before(r.notBefore) {
 		return errReplaySkipped
 	}
@@ -68,7 +69,7 @@ func (r *replayer) fetch(ctx context.Context, endpoint string, from, upTo uint64
 // the engine as failing (the caller is shutting down).
 var errStopReplay = errors.New("replay stopped by its consumer")
 
-func (r *replayer) request(ctx context.Context, endpoint string, from, upTo uint64, each func(Frame) error, bad func(error)) (err error) {
+func (r *replayer) request(ctx context.Context, endpoint string, from, upTo uint64, each func(wire.Frame) error, bad func(error)) (err error) {
 	sock, err := r.zctx.NewSocket(zmq.DEALER)
 	if err != nil {
 		return fmt.Errorf("replay socket: %w", err)
@@ -88,7 +89,7 @@ func (r *replayer) request(ctx context.Context, endpoint string, from, upTo uint
 	if err := sock.Connect(endpoint); err != nil {
 		return fmt.Errorf("replay endpoint %s: %w", endpoint, err)
 	}
-	req := ReplayRequest(from)
+	req := wire.ReplayRequest(from)
 	if _, err := sock.SendMessage(req[0], req[1]); err != nil {
 		return fmt.Errorf("replay request to %s: %w", endpoint, err)
 	}
@@ -121,7 +122,7 @@ func (r *replayer) request(ctx context.Context, endpoint string, from, upTo uint
 			return fmt.Errorf("replay receive: %w", err)
 		}
 		deadline = time.Now().Add(r.timeout)
-		f, end, err := ParseReplayReply(parts)
+		f, end, err := wire.ParseReplayReply(parts)
 		if err != nil {
 			bad(err)
 			continue

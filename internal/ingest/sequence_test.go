@@ -321,3 +321,15 @@ func TestActionClearsAndApplies(t *testing.T) {
 		}
 	}
 }
+
+func TestNamesOfActions(t *testing.T) {
+	for _, c := range []struct{ got, want string }{
+		{ActionNone.String(), "none"}, {ActionApply.String(), "apply"}, {ActionDuplicate.String(), "duplicate"},
+		{ActionGap.String(), "gap"}, {ActionRestart.String(), "restart"}, {ActionReset.String(), "reset"},
+		{Action(99).String(), "Action(?)"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+}

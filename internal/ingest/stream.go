@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/ingest/wire"
 	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
@@ -14,7 +15,7 @@ import (
 // it) to the goroutine of its stream.
 type item struct {
 	seq   uint64
-	batch EventBatch
+	batch wire.EventBatch
 	// err: the payload did not decode; the batch is lost (Tracker.Discard).
 	err error
 	// replay is a replay endpoint announced with the batch (NATS Kv-Replay), used
@@ -68,7 +69,7 @@ type streamRunner struct {
 	env     *streamEnv
 	tr      *Tracker
 	ops     *opBuilder
-	dec     *Decoder
+	dec     *wire.Decoder
 	rp      *replayer
 	sm      *streamMetrics
 	log     *slog.Logger
@@ -108,7 +109,7 @@ func newStreamRunner(key Stream, spec workerspec.Spec, defaultBlockSize int, env
 		env:      env,
 		tr:       NewTracker(env.restartWindow),
 		ops:      newOpBuilder(spec.Model, blockSize),
-		dec:      NewDecoder(env.maxFrame),
+		dec:      wire.NewDecoder(env.maxFrame),
 		rp:       env.newReplayer(),
 		sm:       env.metrics.forStream(key),
 		log:      env.log.With("worker", key.Worker, "dp_rank", key.DPRank),
@@ -269,7 +270,7 @@ const (
 func (s *streamRunner) replay(ctx context.Context, reason string, from, upTo uint64) error {
 	s.setState(StateReplaying)
 	var sinkErr error
-	err := s.rp.fetch(ctx, s.replayEP, from, upTo, func(f Frame) error {
+	err := s.rp.fetch(ctx, s.replayEP, from, upTo, func(f wire.Frame) error {
 		a := s.tr.Replayed(f.Seq)
 		if !a.Applies() {
 			if a == ActionDuplicate {
@@ -314,7 +315,7 @@ func (s *streamRunner) replay(ctx context.Context, reason string, from, upTo uin
 }
 
 // decode decodes a payload, counting errors and skipped content under source.
-func (s *streamRunner) decode(payload []byte, source string) (EventBatch, error) {
+func (s *streamRunner) decode(payload []byte, source string) (wire.EventBatch, error) {
 	b, st, err := s.dec.Decode(payload)
 	countDecode(s.env, source, st, err)
 	return b, err
@@ -322,11 +323,11 @@ func (s *streamRunner) decode(payload []byte, source string) (EventBatch, error)
 
 // countDecode records one Decode call's outcome in the metrics and the
 // rate-limited log.
-func countDecode(env *streamEnv, source string, st DecodeStats, err error) {
+func countDecode(env *streamEnv, source string, st wire.DecodeStats, err error) {
 	m := env.metrics
 	if err != nil {
 		reason := "malformed"
-		if errors.Is(err, ErrOversize) {
+		if errors.Is(err, wire.ErrOversize) {
 			reason = "oversize"
 		}
 		m.decodeErrors.WithLabelValues(source, reason).Inc()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/ingest/wire"
 	"github.com/kvindex/kvindex/internal/workerspec"
 	zmq "github.com/pebbe/zmq4"
 )
@@ -120,16 +121,16 @@ func (r *run) connectLoop(ctx context.Context, endpoint, topic string, sr *strea
 		return
 	}
 	m.log.Info("subscribed", "worker", sr.key.Worker, "dp_rank", sr.key.DPRank, "endpoint", endpoint)
-	dec := NewDecoder(m.cfg.MaxFrameBytes)
+	dec := wire.NewDecoder(m.cfg.MaxFrameBytes)
 	m.zs.receive(ctx, sock, "zmq", func(parts [][]byte) bool {
-		f, err := ParseFrame(parts)
+		f, err := wire.ParseFrame(parts)
 		if err != nil {
 			m.metrics.decodeErrors.WithLabelValues("zmq", "bad_frame").Inc()
 			m.badLog.Warn("zmq/bad_frame", "dropping malformed frame", "worker", sr.key.Worker, "err", err)
 			return true
 		}
 		it := item{seq: f.Seq}
-		var st DecodeStats
+		var st wire.DecodeStats
 		it.batch, st, it.err = dec.Decode(f.Payload)
 		countDecode(r.env, "zmq", st, it.err)
 		select {
@@ -147,9 +148,9 @@ func (r *run) connectLoop(ctx context.Context, endpoint, topic string, sr *strea
 func (r *run) bindLoop(sock *zmq.Socket) {
 	m := r.m
 	d := r.newDispatcher("bind")
-	dec := NewDecoder(m.cfg.MaxFrameBytes)
+	dec := wire.NewDecoder(m.cfg.MaxFrameBytes)
 	m.zs.receive(r.ctx, sock, "bind", func(parts [][]byte) bool {
-		f, err := ParseFrame(parts)
+		f, err := wire.ParseFrame(parts)
 		if err != nil {
 			m.metrics.decodeErrors.WithLabelValues("bind", "bad_frame").Inc()
 			m.badLog.Warn("bind/bad_frame", "dropping malformed frame", "err", err)
@@ -191,7 +192,7 @@ func (m *Manager) topicWorker(topic string) (worker, model string, ok bool) {
 			return id, e.spec.Model, true
 		}
 	}
-	worker, model, err := ParseTopic(topic)
+	worker, model, err := wire.ParseTopic(topic)
 	if err != nil {
 		return "", "", false
 	}

@@ -45,9 +45,11 @@ func testLogger() *slog.Logger {
 // testConfig is DefaultConfig with timeouts short enough for tests.
 func testConfig() Config {
 	c := DefaultConfig()
-	c.HeartbeatTimeout = 300 * time.Millisecond
-	c.ElectionTimeout = 300 * time.Millisecond
-	c.LeaderLeaseTimeout = 200 * time.Millisecond
+	// Sized for -race on two cores shared with other builds (load 15 seen): at
+	// 300 ms a starved leader lost its lease mid-test and failed a Submit.
+	c.HeartbeatTimeout = time.Second
+	c.ElectionTimeout = time.Second
+	c.LeaderLeaseTimeout = 500 * time.Millisecond
 	c.CommitTimeout = 20 * time.Millisecond
 	c.TransportTimeout = 2 * time.Second
 	c.SnapshotInterval = time.Hour

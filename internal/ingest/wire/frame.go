@@ -1,4 +1,4 @@
-package ingest
+package wire
 
 import (
 	"encoding/binary"

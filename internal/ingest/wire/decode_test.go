@@ -1,4 +1,4 @@
-package ingest
+package wire
 
 import (
 	"bytes"
@@ -826,14 +826,11 @@ func TestDecodeMetadataKeepsCacheSaltAndCountsTheRest(t *testing.T) {
 	}
 }
 
-func TestNamesOfKindsMediaAndActions(t *testing.T) {
+func TestNamesOfKindsAndMedia(t *testing.T) {
 	for _, c := range []struct{ got, want string }{
 		{BlockStored.String(), "BlockStored"}, {BlockRemoved.String(), "BlockRemoved"},
 		{AllBlocksCleared.String(), "AllBlocksCleared"}, {EventKind(9).String(), "EventKind(?)"},
 		{MediumCPUPinned.String(), "CPU_PINNED"}, {MediumUnknown.String(), "UNKNOWN"},
-		{ActionNone.String(), "none"}, {ActionApply.String(), "apply"}, {ActionDuplicate.String(), "duplicate"},
-		{ActionGap.String(), "gap"}, {ActionRestart.String(), "restart"}, {ActionReset.String(), "reset"},
-		{Action(99).String(), "Action(?)"},
 	} {
 		if c.got != c.want {
 			t.Errorf("got %q, want %q", c.got, c.want)
