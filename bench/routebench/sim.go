@@ -10,6 +10,7 @@ import (
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/traces"
 	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/ingest/wire"
 	"github.com/kvindex/kvindex/internal/kvblock"
 	"github.com/kvindex/kvindex/internal/radix"
 	"github.com/kvindex/kvindex/internal/router"
@@ -118,7 +119,7 @@ type simulator struct {
 	index    *radix.Index
 	applier  *ingest.Applier
 	builders []*ingest.OpBuilder
-	decoder  *ingest.Decoder
+	decoder  *wire.Decoder
 	ns       uint64
 
 	policy  router.Policy
@@ -154,7 +155,7 @@ func newSimulator(cfg *Config, spec policySpec, tr traces.Trace) (*simulator, er
 		rcfg.PrefillScale = cfg.PrefillScale
 	}
 	s := &simulator{cfg: cfg, spec: spec, tr: tr, rng: rand.New(rand.NewPCG(cfg.Seed, 0x726f757465)),
-		index: radix.New(radix.Config{}), decoder: ingest.NewDecoder(1 << 30),
+		index: radix.New(radix.Config{}), decoder: wire.NewDecoder(1 << 30),
 		ns:   kvblock.Namespace{Model: simModel}.ID(),
 		byID: map[string]int{}, sessions: map[string]int{}, byReq: map[*fakeengine.SimRequest]int{},
 		reqs: make([]simRequest, len(tr.Requests)), done: make([]int, len(tr.Requests)),
