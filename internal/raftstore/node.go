@@ -685,14 +685,21 @@ func (n *Node) stop(abrupt bool) error {
 		close(n.closing)
 		n.cancel()
 		var errs []error
-		if abrupt {
+		// closeTransport also closes the pooled outbound connections, which
+		// raft's NetworkTransport.Close leaves open: until they close, each
+		// peer's handler goroutine for them stays blocked reading.
+		closeTransport := func() {
 			errs = append(errs, n.transport.Close())
+			n.transport.CloseStreams()
+		}
+		if abrupt {
+			closeTransport()
 		}
 		errs = append(errs, n.raft.Shutdown().Error())
 		close(n.raftStopped)
 		<-n.loopDone
 		if !abrupt {
-			errs = append(errs, n.transport.Close())
+			closeTransport()
 		}
 		errs = append(errs, n.store.Close())
 		n.closeErr = errors.Join(errs...)
