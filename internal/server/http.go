@@ -466,6 +466,8 @@ func (a *API) registerCompat(ctx context.Context, req *registerJSON) (string, er
 		switch {
 		case err != nil:
 			return "", err
+		case !replaces && req.rank() > 0:
+			return spec.ID, nil // the registered spec covers the rank already
 		case !replaces:
 			_, err = a.registerWorker(ctx, spec)
 			return spec.ID, err
@@ -531,6 +533,14 @@ func (req *registerJSON) spec(ctx context.Context, a *API) (spec, expected worke
 		return base, expected, true, nil
 	}
 	return spec, expected, false, invalidArg("dp_rank=%d of %q: register dp rank 0 first", rank, id)
+}
+
+// rank is the dp rank the request registers (0 when not given).
+func (req *registerJSON) rank() int64 {
+	if req.DPRank == nil {
+		return 0
+	}
+	return *req.DPRank
 }
 
 // instanceID reads an instance id given as a JSON string or number.
