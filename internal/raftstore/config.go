@@ -80,7 +80,8 @@ type Config struct {
 
 	// Index configures the radix index the node replicates.
 	Index radix.Config
-	// Logger receives this package's and raft's logs; nil discards them.
+	// Logger receives this package's and raft's logs; nil discards them. The
+	// caller names the node in it (the server adds node=<id>); NewNode adds nothing.
 	Logger *slog.Logger
 	// Registerer, when set, receives this node's metrics (kvindex_raft_*). See
 	// ExportRaftMetrics for raft's own.

@@ -1,6 +1,7 @@
 package raftstore
 
 import (
+	"fmt"
 	"context"
 	"io"
 	"log"
@@ -55,7 +56,29 @@ func (a *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	if level == hclog.Off || !a.enabled(level) {
 		return
 	}
-	a.log.Log(context.Background(), toSlogLevel(level), msg, args...)
+	a.log.Log(context.Background(), toSlogLevel(level), msg, formatArgs(args)...)
+}
+
+// formatArgs renders the values raft wraps for hclog to format (hclog.Fmt),
+// which slog would otherwise print verbatim ("[%+v ...]"). It never writes into
+// the caller's slice.
+func formatArgs(args []any) []any {
+	copied := false
+	for i, v := range args {
+		f, ok := v.(hclog.Format)
+		if !ok || len(f) == 0 {
+			continue
+		}
+		format, isString := f[0].(string)
+		if !isString {
+			continue
+		}
+		if !copied {
+			args, copied = append([]any(nil), args...), true
+		}
+		args[i] = fmt.Sprintf(format, f[1:]...)
+	}
+	return args
 }
 
 func (a *hclogAdapter) Trace(msg string, args ...any) { a.Log(hclog.Trace, msg, args...) }

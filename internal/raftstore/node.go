@@ -127,7 +127,6 @@ func NewNode(cfg Config) (_ *Node, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	log = log.With("node", cfg.NodeID)
 	n := &Node{
 		cfg: cfg, log: log, metrics: newMetrics(),
 		sessChanged: make(chan struct{}), closing: make(chan struct{}), raftStopped: make(chan struct{}), loopDone: make(chan struct{}),

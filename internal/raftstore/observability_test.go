@@ -21,6 +21,8 @@ func TestHCLogAdapter(t *testing.T) {
 	l.Trace("below debug: dropped by the handler")
 	l.Debug("debug line", "k", 1)
 	l.Named("net").With("peer", "n2").Warn("warn line", "err", "boom")
+	servers := []struct{ ID string }{{"n1"}}
+	l.Info("formatted", "servers", hclog.Fmt("%+v", servers))
 	l.SetLevel(hclog.Error)
 	l.Info("dropped by SetLevel")
 	l.Error("error line")
@@ -30,6 +32,7 @@ func TestHCLogAdapter(t *testing.T) {
 		`level=DEBUG msg="debug line" component=raft k=1`,
 		`level=WARN msg="warn line" peer=n2 component=raft.net err=boom`,
 		`level=ERROR msg="error line" component=raft`,
+		`level=INFO msg=formatted component=raft servers=[{ID:n1}]`, // hclog.Fmt rendered, not "[%+v ...]"
 		`level=ERROR msg="from the standard logger" component=raft`,
 	} {
 		if !strings.Contains(out, want) {
