@@ -102,9 +102,12 @@ func testConfig(tb testing.TB) Config {
 	cfg.GRPCAddr = "127.0.0.1:0"
 	cfg.DataDir = tb.TempDir()
 	cfg.Raft.RaftAddr = "127.0.0.1:0"
-	cfg.Raft.HeartbeatTimeout = 200 * time.Millisecond
-	cfg.Raft.ElectionTimeout = 200 * time.Millisecond
-	cfg.Raft.LeaderLeaseTimeout = 100 * time.Millisecond
+	// Sized for -race on two cores shared with other builds: at 200 ms a
+	// starved leader lost its lease mid-test (load 27) and the cluster test's
+	// leader moved under it.
+	cfg.Raft.HeartbeatTimeout = time.Second
+	cfg.Raft.ElectionTimeout = time.Second
+	cfg.Raft.LeaderLeaseTimeout = 500 * time.Millisecond
 	cfg.Raft.CommitTimeout = 10 * time.Millisecond
 	cfg.Raft.TransportTimeout = 2 * time.Second
 	cfg.Ingest.PollInterval = 10 * time.Millisecond
