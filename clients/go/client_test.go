@@ -314,6 +314,9 @@ func (w *watched) since(index uint64) []*kvindexv1.IndexChange {
 	return out
 }
 
+// watchResumeRuns counts the runs of TestWatchResumesWithoutAGap in this process.
+var watchResumeRuns atomic.Int32
+
 // TestWatchResumesWithoutAGap cuts a Watch's connection, makes changes while
 // it cannot reconnect, and checks that the resumed Watch delivered exactly the
 // changes a Watch that was never cut saw: none skipped, none twice. A Watch
@@ -354,7 +357,10 @@ func TestWatchResumesWithoutAGap(t *testing.T) {
 			}
 		}
 	}()
-	prompt := func(i uint32) []uint32 { return []uint32{i / 200, i % 200, 2, 3, 4, 5, 6, 7} }
+	// Prompts new to the shared engine on every run (-count=N), so that each
+	// one stores blocks and makes changes.
+	run := uint32(watchResumeRuns.Add(1))
+	prompt := func(i uint32) []uint32 { return []uint32{250 - run%200, i / 200, i % 200, 3, 4, 5, 6, 7} }
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
