@@ -68,6 +68,11 @@ type Config struct {
 	// PrefillScale, when > 0, is the router's --prefill-scale for every kv-aware
 	// variant (0: the router's default).
 	PrefillScale float64
+	// Routers is how many router processes each live policy run starts; requests
+	// go to them in turn. Ledger says whether they share load through the
+	// indexer (--ledger). Live mode only.
+	Routers int
+	Ledger  bool
 	// Progress draws a progress bar on stderr.
 	Progress bool
 	// Plots writes the PNG plots.
@@ -91,6 +96,8 @@ func DefaultConfig() Config {
 		TruthLimit: 64,
 		BinDir:     "bin",
 		TimeScale:  1,
+		Routers:    1,
+		Ledger:     true,
 		Progress:   true,
 		Plots:      true,
 	}
@@ -121,6 +128,10 @@ func (c *Config) Validate() error {
 		return invalid("--event-delay=%v must not be negative", c.EventDelay)
 	case c.PrefillScale < 0:
 		return invalid("--prefill-scale=%v must not be negative", c.PrefillScale)
+	case c.Routers < 1 || c.Routers > 64:
+		return invalid("--routers=%d must be between 1 and 64", c.Routers)
+	case c.Routers > 1 && c.Offline:
+		return invalid("--routers=%d is live mode only (the offline simulator runs one router)", c.Routers)
 	case c.TimeScale < 0:
 		return invalid("--time-scale=%v must not be negative", c.TimeScale)
 	}
@@ -214,6 +225,8 @@ func ParseFlags(args []string, out io.Writer, lookup func(string) (string, bool)
 	fs.StringVar(&c.BinDir, "bin-dir", c.BinDir, "live: directory holding the fakeengine, indexer and router binaries")
 	fs.Float64Var(&c.TimeScale, "time-scale", c.TimeScale, "live: engines' --time-scale (simulated to wall time)")
 	fs.Float64Var(&c.PrefillScale, "prefill-scale", c.PrefillScale, "router --prefill-scale for the kv-aware variants (0: the router's default)")
+	fs.IntVar(&c.Routers, "routers", c.Routers, "live mode: router processes per policy run, requests sent to them in turn")
+	fs.BoolVar(&c.Ledger, "ledger", c.Ledger, "live mode: the routers share load through the indexer's ledger (router --ledger)")
 	fs.BoolVar(&c.Progress, "progress", c.Progress, "draw a progress bar on stderr")
 	fs.BoolVar(&c.Plots, "plots", c.Plots, "write the PNG plots")
 	fs.Usage = envflag.Usage(fs, EnvPrefix, "usage: routebench [--offline] --trace NAME|mooncake:FILE --workers N --policies p1,p2,... [--requests N] [--rate R] [--seed S] --out DIR")

@@ -37,6 +37,9 @@ func TestParseFlags(t *testing.T) {
 		{"bad rate", []string{"--offline", "--rate", "0"}, nil, nil, "--rate"},
 		{"bad sweep rate", []string{"--offline", "--rates", "5,-1"}, nil, nil, "--rates"},
 		{"negative delay", []string{"--offline", "--event-delay", "-1s"}, nil, nil, "--event-delay"},
+		{"routers", []string{"--routers", "4", "--ledger=false", "--policies", "kv-aware"}, nil, func(c Config) bool { return c.Routers == 4 && !c.Ledger }, ""},
+		{"routers offline", []string{"--offline", "--routers", "4"}, nil, nil, "--routers=4 is live mode only"},
+		{"no routers", []string{"--routers", "0", "--policies", "kv-aware"}, nil, nil, "--routers=0"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

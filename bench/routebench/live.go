@@ -215,35 +215,41 @@ func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate 
 	if err := f.resetCaches(ctx); err != nil {
 		return Row{}, err
 	}
-	port, err := freePort()
-	if err != nil {
-		return Row{}, err
-	}
-	listen := fmt.Sprintf("127.0.0.1:%d", port)
-	args := append([]string{"--listen", listen, "--log-level", "warn", "--queue-size", "100000", "--queue-timeout", "10m"}, spec.liveArgs...)
-	if f.cfg.PrefillScale > 0 {
-		args = append(args, "--prefill-scale", strconv.FormatFloat(f.cfg.PrefillScale, 'g', -1, 64))
-	}
-	if !spec.liveNoIndexer {
-		args = append(args, "--indexer", f.grpc)
-	}
-	for w, u := range f.engines {
-		args = append(args, "--worker", fmt.Sprintf("id=%s,model=%s,block-size=%d,http=%s", workerID(w), simModel, f.cfg.BlockSize, u))
-	}
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
-	cmd, err := f.start(rctx, "router-"+spec.name, "router", args...)
-	if err != nil {
-		return Row{}, err
+	var bases []string
+	for i := range f.cfg.Routers {
+		port, err := freePort()
+		if err != nil {
+			return Row{}, err
+		}
+		listen := fmt.Sprintf("127.0.0.1:%d", port)
+		args := append([]string{"--listen", listen, "--log-level", "warn", "--queue-size", "100000", "--queue-timeout", "10m",
+			"--router-id", fmt.Sprintf("routebench-%d", i), "--ledger=" + strconv.FormatBool(f.cfg.Ledger)}, spec.liveArgs...)
+		if f.cfg.PrefillScale > 0 {
+			args = append(args, "--prefill-scale", strconv.FormatFloat(f.cfg.PrefillScale, 'g', -1, 64))
+		}
+		if !spec.liveNoIndexer {
+			args = append(args, "--indexer", f.grpc)
+		}
+		for w, u := range f.engines {
+			args = append(args, "--worker", fmt.Sprintf("id=%s,model=%s,block-size=%d,http=%s", workerID(w), simModel, f.cfg.BlockSize, u))
+		}
+		cmd, err := f.start(rctx, fmt.Sprintf("router-%s-%d", spec.name, i), "router", args...)
+		if err != nil {
+			return Row{}, err
+		}
+		defer func() {
+			stop()
+			cmd.Wait()
+		}()
+		base := "http://" + listen
+		if err := f.waitReady(ctx, base+"/readyz", 30*time.Second); err != nil {
+			return Row{}, err
+		}
+		bases = append(bases, base)
 	}
-	defer func() {
-		stop()
-		cmd.Wait()
-	}()
-	base := "http://" + listen
-	if err := f.waitReady(ctx, base+"/readyz", 30*time.Second); err != nil {
-		return Row{}, err
-	}
+	base := bases[0]
 
 	outs := make([]outcome, len(tr.Requests))
 	busy := map[string]time.Duration{}
@@ -263,7 +269,7 @@ func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o := f.send(ctx, base, r)
+			o := f.send(ctx, bases[i%len(bases)], r)
 			mu.Lock()
 			outs[i] = o
 			if !o.failed {
@@ -274,7 +280,11 @@ func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate 
 		}()
 	}
 	wg.Wait()
-	row := summarize(tr.Name, spec.name, "live", f.cfg.Workers, f.cfg.BlockSize, rate, outs, busy, f.cfg.SLOTTFT)
+	name := spec.name
+	if len(bases) > 1 {
+		name = fmt.Sprintf("%s/%d-routers-ledger-%v", spec.name, len(bases), f.cfg.Ledger)
+	}
+	row := summarize(tr.Name, name, "live", f.cfg.Workers, f.cfg.BlockSize, rate, outs, busy, f.cfg.SLOTTFT)
 	row.DecisionP50, row.DecisionP99 = f.overheadQuantiles(ctx, base)
 	return row, nil
 }
