@@ -61,6 +61,8 @@ type Config struct {
 	Listen string
 	// EPP is the endpoint-picker (Envoy ext_proc) server, epp.go.
 	EPP EPPConfig
+	// Kube is Kubernetes pod discovery, discovery.go.
+	Kube KubeConfig
 
 	// Indexer lists the indexer cluster's gRPC addresses; empty runs the router on
 	// its own approximate index.
@@ -157,6 +159,7 @@ func DefaultConfig() Config {
 	return Config{
 		Listen:                   "127.0.0.1:8000",
 		EPP:                      DefaultEPPConfig(),
+		Kube:                     DefaultKubeConfig(),
 		IndexerTimeout:           20 * time.Millisecond,
 		IndexerRetryAfter:        time.Second,
 		Ledger:                   true,
@@ -286,6 +289,9 @@ func (c *Config) Validate() error {
 	if err := c.EPP.Validate(); err != nil {
 		return err
 	}
+	if err := c.Kube.Validate(); err != nil {
+		return err
+	}
 	if _, err := logging.ParseLevel(c.LogLevel); err != nil {
 		return invalid("%v", err)
 	}
@@ -396,6 +402,7 @@ func registerFlags(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug|info|warn|error (debug logs every RouteDecision)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text|json")
 	registerEPPFlags(fs, &c.EPP)
+	registerKubeFlags(fs, &c.Kube)
 }
 
 // ParseFlags reads the configuration from args and the environment (flags >

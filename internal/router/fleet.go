@@ -95,6 +95,7 @@ type Fleet struct {
 	static   []workerspec.Spec          // guarded by mu
 	file     []workerspec.Spec          // guarded by mu
 	registry []workerspec.Spec          // guarded by mu
+	kube     []workerspec.Spec          // guarded by mu
 	adapters map[string]map[string]bool // worker id -> adapters; guarded by mu
 	version  uint64                     // guarded by mu
 
@@ -129,6 +130,13 @@ func (f *Fleet) setRegistry(specs []workerspec.Spec) {
 	f.publishLocked()
 }
 
+func (f *Fleet) setKube(specs []workerspec.Spec) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.kube = specs
+	f.publishLocked()
+}
+
 func (f *Fleet) setAdapters(id string, adapters map[string]bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -141,7 +149,7 @@ func (f *Fleet) setAdapters(id string, adapters map[string]bool) {
 
 func (f *Fleet) publishLocked() {
 	byID := map[string]*Worker{}
-	for _, list := range [][]workerspec.Spec{f.registry, f.file, f.static} { // later wins
+	for _, list := range [][]workerspec.Spec{f.registry, f.kube, f.file, f.static} { // later wins
 		for _, s := range list {
 			if s.HTTP == "" {
 				continue // not routable; the indexer may know workers the router cannot reach

@@ -54,7 +54,8 @@ type Router struct {
 	metrics    *metrics
 	ui         *routerUI // the console (ui.go)
 
-	eppAddr atomic.Value // string: the EPP's bound address, once listening
+	eppAddr    atomic.Value // string: the EPP's bound address, once listening
+	kubeSource WorkerSource // nil without --kube-selector
 
 	// pickMu makes load snapshot, pick and reservation one step, so that
 	// concurrent decisions see each other's load.
@@ -276,6 +277,9 @@ func (r *Router) Run(ctx context.Context, l net.Listener) error {
 	if r.cfg.WorkersFromIndexer {
 		goBG(func() { r.followRegistry(bg) })
 	}
+	if r.kubeSource != nil {
+		goBG(func() { r.followKube(bg) })
+	}
 	goBG(func() { r.fleet.pollModels(bg, r.hc, r.cfg.WorkersRefresh) })
 	if r.scraper != nil {
 		goBG(func() { r.scraper.run(bg, r.hc, r.fleet, r.cfg.ScrapeInterval) })
@@ -436,7 +440,11 @@ func specFromProto(p *kvindexv1.WorkerSpec) workerspec.Spec {
 
 // Main is the router binary: parse flags and environment, then serve until ctx
 // ends.
-func Main(ctx context.Context, args []string, stderr io.Writer) error {
+func Main(ctx context.Context, args []string, stderr io.Writer, opts ...Option) error {
+	var o mainOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	cfg, err := ParseFlags(args, stderr, nil)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
@@ -448,6 +456,18 @@ func Main(ctx context.Context, args []string, stderr io.Writer) error {
 	r, err := New(cfg, log)
 	if err != nil {
 		return err
+	}
+	if cfg.Kube.Selector != "" {
+		if o.kube == nil {
+			r.close()
+			return invalid("--kube-selector=%q: this binary was built without Kubernetes discovery (use cmd/router)", cfg.Kube.Selector)
+		}
+		src, err := o.kube(cfg.Kube, log)
+		if err != nil {
+			r.close()
+			return err
+		}
+		r.SetKubeSource(src)
 	}
 	l, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
