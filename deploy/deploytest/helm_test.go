@@ -1,0 +1,432 @@
+package deploytest
+
+import (
+	"io"
+	"net"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvindex/kvindex/internal/router"
+	"github.com/kvindex/kvindex/internal/server"
+)
+
+const namespace = "llm"
+
+// rendered is a chart rendering decoded into k8s.io/api types.
+type rendered struct {
+	statefulSets map[string]*appsv1.StatefulSet
+	deployments  map[string]*appsv1.Deployment
+	services     map[string]*corev1.Service
+	pdbs         []*policyv1.PodDisruptionBudget
+	hpas         []*autoscalingv2.HorizontalPodAutoscaler
+	roles        []*rbacv1.Role
+	bindings     []*rbacv1.RoleBinding
+	accounts     []*corev1.ServiceAccount
+	configMaps   []*corev1.ConfigMap
+	netpols      []*networkingv1.NetworkPolicy
+	custom       map[string]map[string]any // kind -> object (CRDs: not in k8s.io/api)
+}
+
+// render renders the chart with values (YAML, merged over values.yaml) and
+// decodes every object strictly: a field k8s.io/api does not know fails.
+func render(t *testing.T, values string) (*rendered, error) {
+	t.Helper()
+	ch, err := loader.Load(filepath.Join("..", "helm", "kvindex"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vals map[string]any
+	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
+		t.Fatal(err)
+	}
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "kv", Namespace: namespace, IsInstall: true}, chartutil.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := engine.Render(ch, rv)
+	if err != nil {
+		return nil, err
+	}
+	r := &rendered{statefulSets: map[string]*appsv1.StatefulSet{}, deployments: map[string]*appsv1.Deployment{},
+		services: map[string]*corev1.Service{}, custom: map[string]map[string]any{}}
+	names := slices.Sorted(func(yield func(string) bool) {
+		for k := range files {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	for _, name := range names {
+		if filepath.Ext(name) != ".yaml" {
+			continue
+		}
+		for i, doc := range strings.Split(files[name], "\n---") {
+			if strings.TrimSpace(strings.ReplaceAll(doc, "---", "")) == "" {
+				continue
+			}
+			var meta struct{ APIVersion, Kind string }
+			if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+				t.Fatalf("%s #%d: %v\n%s", name, i, err, doc)
+			}
+			var obj any
+			switch meta.Kind {
+			case "StatefulSet":
+				o := &appsv1.StatefulSet{}
+				obj, r.statefulSets[""] = o, o
+			case "Deployment":
+				o := &appsv1.Deployment{}
+				obj = o
+				defer func() { r.deployments[o.Name] = o }()
+			case "Service":
+				o := &corev1.Service{}
+				obj = o
+				defer func() { r.services[o.Name] = o }()
+			case "PodDisruptionBudget":
+				o := &policyv1.PodDisruptionBudget{}
+				obj, r.pdbs = o, append(r.pdbs, o)
+			case "HorizontalPodAutoscaler":
+				o := &autoscalingv2.HorizontalPodAutoscaler{}
+				obj, r.hpas = o, append(r.hpas, o)
+			case "Role":
+				o := &rbacv1.Role{}
+				obj, r.roles = o, append(r.roles, o)
+			case "RoleBinding":
+				o := &rbacv1.RoleBinding{}
+				obj, r.bindings = o, append(r.bindings, o)
+			case "ServiceAccount":
+				o := &corev1.ServiceAccount{}
+				obj, r.accounts = o, append(r.accounts, o)
+			case "ConfigMap":
+				o := &corev1.ConfigMap{}
+				obj, r.configMaps = o, append(r.configMaps, o)
+			case "NetworkPolicy":
+				o := &networkingv1.NetworkPolicy{}
+				obj, r.netpols = o, append(r.netpols, o)
+			case "ServiceMonitor", "InferencePool":
+				m := map[string]any{}
+				obj = &m
+				defer func() { r.custom[meta.Kind] = m }()
+			default:
+				t.Fatalf("%s: kind %q has no decoding in this test", name, meta.Kind)
+			}
+			if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+				t.Fatalf("%s #%d (%s): strict decode: %v\n%s", name, i, meta.Kind, err, doc)
+			}
+		}
+	}
+	// The statefulset was keyed "" while decoding; key it by name.
+	if s := r.statefulSets[""]; s != nil {
+		delete(r.statefulSets, "")
+		r.statefulSets[s.Name] = s
+	}
+	return r, nil
+}
+
+// expand substitutes Kubernetes' $(VAR) references as the kubelet does.
+func expand(args []string, env map[string]string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		for k, v := range env {
+			a = strings.ReplaceAll(a, "$("+k+")", v)
+		}
+		out[i] = a
+	}
+	return out
+}
+
+func containerPort(t *testing.T, c corev1.Container, name string) int32 {
+	t.Helper()
+	for _, p := range c.Ports {
+		if p.Name == name {
+			return p.ContainerPort
+		}
+	}
+	t.Fatalf("container %s has no port %q", c.Name, name)
+	return 0
+}
+
+func portOf(t *testing.T, addr string) int32 {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int32(n)
+}
+
+func env(kv ...string) func(string) (string, bool) {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// checkIndexer: the StatefulSet's flags parse with the indexer's own parser,
+// its ports and probes agree with them, and the PDB keeps a majority.
+func checkIndexer(t *testing.T, r *rendered, replicas int) {
+	s := r.statefulSets["kv-indexer"]
+	if s == nil {
+		t.Fatal("no indexer StatefulSet")
+	}
+	if *s.Spec.Replicas != int32(replicas) {
+		t.Errorf("indexer replicas %d, want %d", *s.Spec.Replicas, replicas)
+	}
+	if len(s.Spec.VolumeClaimTemplates) != 1 {
+		t.Error("indexer: want one PVC template (data dir per pod)")
+	}
+	hl := r.services[s.Spec.ServiceName]
+	if hl == nil || hl.Spec.ClusterIP != "None" || !hl.Spec.PublishNotReadyAddresses {
+		t.Errorf("serviceName %q must be a headless Service publishing not-ready pods", s.Spec.ServiceName)
+	}
+	c := s.Spec.Template.Spec.Containers[0]
+	script := strings.Join(c.Command, " ")
+	if !strings.Contains(script, "--join=kv-indexer."+namespace+".svc:7070") || !strings.Contains(script, `"${POD_NAME##*-}" != "0"`) {
+		t.Errorf("indexer command %q: pods other than 0 must --join through the indexer Service", script)
+	}
+	for _, pod := range []string{"kv-indexer-0", "kv-indexer-1"} {
+		args := expand(c.Args, map[string]string{"POD_NAME": pod, "POD_IP": "10.1.2.3"})
+		if pod != "kv-indexer-0" {
+			args = append(args, "--join=kv-indexer."+namespace+".svc:7070")
+		}
+		cfg, err := server.ParseFlags(args, io.Discard, env("KVINDEX_ADMIN_TOKEN", "secret"))
+		if err != nil {
+			t.Fatalf("%s: the indexer refuses the chart's flags %q: %v", pod, args, err)
+		}
+		if cfg.NodeID != pod {
+			t.Errorf("--node-id %q, want the pod name %q", cfg.NodeID, pod)
+		}
+		if got, want := portOf(t, cfg.HTTPAddr), containerPort(t, c, "http"); got != want {
+			t.Errorf("--http-addr port %d, container port http %d", got, want)
+		}
+		if got, want := portOf(t, cfg.GRPCAddr), containerPort(t, c, "grpc"); got != want {
+			t.Errorf("--grpc-addr port %d, container port grpc %d", got, want)
+		}
+		if got, want := portOf(t, cfg.Raft.RaftAddr), containerPort(t, c, "raft"); got != want {
+			t.Errorf("--raft-addr port %d, container port raft %d", got, want)
+		}
+	}
+	if p := c.ReadinessProbe.HTTPGet; p == nil || p.Path != "/readyz" || p.Port.String() != "http" {
+		t.Errorf("indexer readiness probe %+v, want GET /readyz on the http port", c.ReadinessProbe)
+	}
+	if sc := s.Spec.Template.Spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Error("indexer must run as non-root")
+	}
+	if len(r.pdbs) != 1 || r.pdbs[0].Spec.MaxUnavailable == nil || replicas-r.pdbs[0].Spec.MaxUnavailable.IntValue() < replicas/2+1 {
+		t.Errorf("PDB %+v does not keep a majority of %d", r.pdbs, replicas)
+	}
+}
+
+// checkRouter: the router's flags parse with its own parser; the ports, probes
+// and Services agree; its ServiceAccount may watch pods.
+func checkRouter(t *testing.T, r *rendered, epp bool) {
+	d := r.deployments["kv-router"]
+	if d == nil {
+		t.Fatal("no router Deployment")
+	}
+	c := d.Spec.Template.Spec.Containers[0]
+	args := expand(c.Args, map[string]string{"POD_NAMESPACE": namespace})
+	cfg, err := router.ParseFlags(args, io.Discard, env())
+	if err != nil {
+		t.Fatalf("the router refuses the chart's flags %q: %v", args, err)
+	}
+	if got, want := portOf(t, cfg.Listen), containerPort(t, c, "http"); got != want {
+		t.Errorf("--listen port %d, container port http %d", got, want)
+	}
+	if cfg.Kube.Selector == "" || cfg.Kube.Namespace != namespace {
+		t.Errorf("discovery %+v: want a selector in the release namespace", cfg.Kube)
+	}
+	if len(cfg.Indexer) != 1 || portOf(t, cfg.Indexer[0]) != 7070 || !strings.HasPrefix(cfg.Indexer[0], "kv-indexer.") {
+		t.Errorf("--indexer %v, want the indexer Service's gRPC port", cfg.Indexer)
+	}
+	if epp {
+		port := containerPort(t, c, "epp")
+		if portOf(t, cfg.EPP.Addr) != port {
+			t.Errorf("--epp-addr %q, container port epp %d", cfg.EPP.Addr, port)
+		}
+		for what, p := range map[string]*corev1.Probe{router.HealthReadiness: c.ReadinessProbe, router.HealthLiveness: c.LivenessProbe} {
+			if p.GRPC == nil || p.GRPC.Port != port || p.GRPC.Service == nil || *p.GRPC.Service != what {
+				t.Errorf("%s probe %+v, want gRPC health %q on %d", what, p, what, port)
+			}
+		}
+		if svc := r.services["kv-router-epp"]; svc == nil || svc.Spec.Ports[0].TargetPort.String() != "epp" {
+			t.Error("no EPP Service targeting the epp port")
+		}
+	} else {
+		if cfg.EPP.Addr != "" {
+			t.Errorf("--epp-addr %q with the EPP off", cfg.EPP.Addr)
+		}
+		if p := c.ReadinessProbe.HTTPGet; p == nil || p.Path != "/readyz" {
+			t.Errorf("router readiness %+v, want /readyz", c.ReadinessProbe)
+		}
+	}
+	sa := d.Spec.Template.Spec.ServiceAccountName
+	watch := false
+	for _, role := range r.roles {
+		for _, rule := range role.Rules {
+			watch = watch || slices.Contains(rule.Resources, "pods") && slices.Contains(rule.Verbs, "watch") && slices.Contains(rule.Verbs, "list")
+		}
+	}
+	bound := false
+	for _, b := range r.bindings {
+		for _, s := range b.Subjects {
+			bound = bound || s.Kind == "ServiceAccount" && s.Name == sa
+		}
+	}
+	if !watch || !bound || len(r.accounts) == 0 {
+		t.Errorf("the router's ServiceAccount %q must be bound to a Role that lists and watches pods", sa)
+	}
+}
+
+// Every Service's target ports name a port of the pods it selects.
+func checkServices(t *testing.T, r *rendered) {
+	var pods []corev1.PodTemplateSpec
+	for _, s := range r.statefulSets {
+		pods = append(pods, s.Spec.Template)
+	}
+	for _, d := range r.deployments {
+		pods = append(pods, d.Spec.Template)
+	}
+	for name, svc := range r.services {
+		matched := false
+		for _, p := range pods {
+			ok := true
+			for k, v := range svc.Spec.Selector {
+				ok = ok && p.Labels[k] == v
+			}
+			if !ok {
+				continue
+			}
+			matched = true
+			for _, sp := range svc.Spec.Ports {
+				found := false
+				for _, c := range p.Spec.Containers {
+					for _, cp := range c.Ports {
+						found = found || cp.Name == sp.TargetPort.String() || cp.ContainerPort == sp.TargetPort.IntVal
+					}
+				}
+				if !found {
+					t.Errorf("Service %s port %s targets %q, which no selected pod has", name, sp.Name, sp.TargetPort.String())
+				}
+			}
+		}
+		if !matched {
+			t.Errorf("Service %s selects no pod of the chart", name)
+		}
+	}
+}
+
+func TestChartRenders(t *testing.T) {
+	cases := []struct {
+		name   string
+		values string
+		check  func(t *testing.T, r *rendered)
+	}{
+		{"defaults with an admin token", `adminToken: {existingSecret: kv-admin}`, func(t *testing.T, r *rendered) {
+			checkIndexer(t, r, 3)
+			checkRouter(t, r, true)
+			if len(r.hpas) != 1 || r.deployments["kv-router"].Spec.Replicas != nil {
+				t.Error("autoscaling on: want an HPA and no fixed replicas")
+			}
+			if r.custom["ServiceMonitor"] != nil || len(r.netpols) != 0 {
+				t.Error("ServiceMonitor and NetworkPolicy must be off by default")
+			}
+			tok := false
+			for _, e := range r.statefulSets["kv-indexer"].Spec.Template.Spec.Containers[0].Env {
+				tok = tok || e.Name == "KVINDEX_ADMIN_TOKEN" && e.ValueFrom.SecretKeyRef.Name == "kv-admin"
+			}
+			if !tok {
+				t.Error("the admin token must come from the Secret as KVINDEX_ADMIN_TOKEN")
+			}
+		}},
+		{"five voters, TLS, monitoring, network policy, examples", `
+adminToken: {existingSecret: kv-admin}
+tls: {enabled: true, secretName: kv-tls}
+indexer: {replicas: 5}
+serviceMonitor: {enabled: true}
+networkPolicy: {enabled: true, allowNamespaces: [gateway]}
+examples: {vllm: {enabled: true}, inferencePool: {enabled: true}}
+`, func(t *testing.T, r *rendered) {
+			checkIndexer(t, r, 5)
+			checkRouter(t, r, true)
+			if r.custom["ServiceMonitor"] == nil || len(r.netpols) != 1 {
+				t.Error("want a ServiceMonitor and a NetworkPolicy")
+			}
+			ip := r.custom["InferencePool"]
+			ref, _ := ip["spec"].(map[string]any)["endpointPickerRef"].(map[string]any)
+			if ref["name"] != "kv-router-epp" {
+				t.Errorf("InferencePool endpointPickerRef %v, want the router's EPP Service", ref)
+			}
+			v := r.deployments["kv-vllm"]
+			if v == nil || !strings.Contains(strings.Join(v.Spec.Template.Spec.Containers[0].Args, " "), `--kv-events-config={"enable_kv_cache_events":true`) {
+				t.Error("the example vLLM must publish KV events with --kv-events-config")
+			}
+			if got := v.Spec.Template.Annotations["kvindex.io/model"]; got != "Qwen/Qwen3-8B" {
+				t.Errorf("example vLLM model annotation %q", got)
+			}
+		}},
+		{"proxy only, fixed replicas, nats", `
+adminToken: {existingSecret: kv-admin}
+indexer: {ingest: nats, natsURL: "nats://nats:4222"}
+router: {eppPort: 0, autoscaling: {enabled: false}, replicas: 3}
+`, func(t *testing.T, r *rendered) {
+			checkIndexer(t, r, 3)
+			checkRouter(t, r, false)
+			if len(r.hpas) != 0 || *r.deployments["kv-router"].Spec.Replicas != 3 {
+				t.Error("autoscaling off: want 3 fixed replicas and no HPA")
+			}
+		}},
+		{"indexer only, insecure", `
+adminToken: {insecureNoAdminToken: true}
+router: {enabled: false}
+`, func(t *testing.T, r *rendered) {
+			checkIndexer(t, r, 3)
+			if len(r.deployments) != 0 {
+				t.Error("router disabled but rendered")
+			}
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := render(t, c.values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkServices(t, r)
+			c.check(t, r)
+		})
+	}
+}
+
+// Values the chart refuses, with a message naming what is missing.
+func TestChartRefuses(t *testing.T) {
+	for _, c := range []struct{ values, want string }{
+		{`{}`, "adminToken.existingSecret is required"},
+		{`{adminToken: {existingSecret: a}, tls: {enabled: true}}`, "tls.secretName is required"},
+		{`{adminToken: {existingSecret: a}, indexer: {ingest: nats}}`, "indexer.natsURL is required"},
+	} {
+		_, err := render(t, c.values)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("values %s: %v, want an error with %q", c.values, err, c.want)
+		}
+	}
+}
+
