@@ -3,7 +3,11 @@
 GO      ?= go
 BIN     := bin
 # Packages whose tests exercise goroutines, sockets or shared state run under -race.
-RACE_PKGS ?= ./api/... ./internal/... ./bench/... ./cmd/... ./clients/go/...
+# internal/kube is left out: client-go rebuilt with -race costs minutes on 2 cores.
+RACE_PKGS ?= ./api/... $(filter-out %/internal/kube,$(shell $(GO) list ./internal/...)) ./bench/... ./cmd/... ./clients/go/...
+# Kubernetes discovery, chart rendering and the dashboard/alert checks: heavy
+# imports (client-go, helm), run without -race.
+DEPLOY_PKGS ?= ./internal/kube ./deploy/...
 TEST_TIMEOUT ?= 15m
 
 export CGO_ENABLED := 1
@@ -22,6 +26,7 @@ test: deps
 	./scripts/fetch-tokenizers.sh
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(RACE_PKGS)
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(DEPLOY_PKGS)
 
 # Long soak and fault runs (minutes each); not part of `make test`.
 test-long: deps

@@ -14,6 +14,8 @@ command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 # Debian's chromium runs the consoles' end-to-end browser tests (they fail without it).
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || [ -n "${KVINDEX_CHROMIUM:-}" ] || need+=(chromium)
+# promtool (Debian's prometheus package) checks deploy/prometheus's alert rules.
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "deps: installing ${need[*]}"
