@@ -429,4 +429,3 @@ func TestChartRefuses(t *testing.T) {
 		}
 	}
 }
-
