@@ -22,7 +22,7 @@ require (
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/vmihailenco/msgpack/v5 v5.4.1
 	github.com/zeebo/xxh3 v1.1.0
-	go.etcd.io/bbolt v1.3.5
+	go.etcd.io/bbolt v1.5.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/text v0.43.0
 	gonum.org/v1/plot v0.17.0
