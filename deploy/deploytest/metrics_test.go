@@ -86,10 +86,19 @@ func liveMetrics(t *testing.T) map[string]bool {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("request through the router: %s", resp.Status)
 	}
+	// The engine's events reach the indexer after the answer: wait for them, so
+	// that the per-worker ingest series exist when the page is read.
 	names := map[string]bool{}
-	for _, u := range []string{"http://" + srv.HTTPAddr() + "/metrics", routerURL + "/metrics"} {
-		scrape(t, u, names)
+	deadline := time.Now().Add(30 * time.Second)
+	for !names["kvindex_ingest_events_total"] {
+		if time.Now().After(deadline) {
+			t.Fatal("the indexer applied no event of the request within 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+		names = map[string]bool{}
+		scrape(t, "http://"+srv.HTTPAddr()+"/metrics", names)
 	}
+	scrape(t, routerURL+"/metrics", names)
 	return names
 }
 
