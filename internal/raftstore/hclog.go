@@ -1,8 +1,8 @@
 package raftstore
 
 import (
-	"fmt"
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
