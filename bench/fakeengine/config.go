@@ -428,26 +428,6 @@ func offsetEndpoint(ep string, n int) (string, error) {
 	return "", errors.New("want a tcp://, ipc:// or inproc:// endpoint")
 }
 
-// stringList is a comma-separated flag.Value.
-type stringList struct{ v *[]string }
-
-func (s stringList) String() string {
-	if s.v == nil {
-		return ""
-	}
-	return strings.Join(*s.v, ",")
-}
-
-func (s stringList) Set(v string) error {
-	*s.v = nil
-	for _, part := range strings.Split(v, ",") {
-		if part = strings.TrimSpace(part); part != "" {
-			*s.v = append(*s.v, part)
-		}
-	}
-	return nil
-}
-
 // stringFlag binds a string-typed enum to a flag.
 type stringFlag[T ~string] struct{ v *T }
 
@@ -488,7 +468,7 @@ func RegisterFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.DurationVar(&cfg.Timing.CPULoadPerToken, "cpu-load-per-token", cfg.Timing.CPULoadPerToken, "cost of each prompt token loaded back from the CPU tier")
 	fs.DurationVar(&cfg.Timing.KVTransferPerToken, "kv-transfer-per-token", cfg.Timing.KVTransferPerToken, "cost of each prompt token received from a prefill engine (role decode)")
 	fs.Var(&cfg.Tokenizers, "tokenizer", "`model=dir` of a Hugging Face tokenizer (repeatable); the engine then tokenizes with it (internal/tokenize); without it the built-in byte-level tokenizer is used")
-	fs.Var(stringList{&cfg.LoRAModules}, "lora-modules", "comma-separated LoRA adapter `names` served besides --model (requests naming one get lora_name in events)")
+	fs.Var(envflag.List{Items: &cfg.LoRAModules}, "lora-modules", "comma-separated LoRA adapter `names` served besides --model (requests naming one get lora_name in events)")
 	fs.Uint64Var(&cfg.BlockHashSeed, "block-hash-seed", cfg.BlockHashSeed, "seed of the opaque engine block hashes (0 = random per engine)")
 	fs.IntVar(&cfg.Faults.DropEveryNBatches, "fault-drop-every-n-batches", cfg.Faults.DropEveryNBatches, "withhold every Nth event batch from PUB (kept for replay); 0 disables")
 	fs.Float64Var(&cfg.Faults.FailRate, "fault-fail-rate", cfg.Faults.FailRate, "fraction of completion requests to fail")

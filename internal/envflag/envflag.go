@@ -77,3 +77,25 @@ func SplitList(v string) []string {
 	}
 	return out
 }
+
+// List is a flag.Value holding a comma-separated list: Set replaces the list with
+// the non-empty, space-trimmed items of its argument.
+type List struct{ Items *[]string }
+
+func (l List) String() string {
+	if l.Items == nil {
+		return ""
+	}
+	return strings.Join(*l.Items, ",")
+}
+
+// Set parses a comma-separated value.
+func (l List) Set(v string) error {
+	*l.Items = nil
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l.Items = append(*l.Items, s)
+		}
+	}
+	return nil
+}

@@ -62,3 +62,17 @@ func TestUsageListsEveryFlagWithItsEnvVar(t *testing.T) {
 		}
 	}
 }
+
+func TestListTrimsAndReplaces(t *testing.T) {
+	var items []string
+	l := List{Items: &items}
+	if err := l.Set(" a, b,,c "); err != nil || l.String() != "a,b,c" {
+		t.Fatalf("Set = %v, String = %q; want a,b,c", err, l.String())
+	}
+	if err := l.Set("d"); err != nil || len(items) != 1 || items[0] != "d" {
+		t.Fatalf("a second Set gave %v, want it to replace the list with [d]", items)
+	}
+	if (List{}).String() != "" {
+		t.Fatal("the zero List does not print empty")
+	}
+}

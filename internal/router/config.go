@@ -301,26 +301,6 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// commaList is a flag holding a comma-separated list.
-type commaList struct{ list *[]string }
-
-func (f commaList) String() string {
-	if f.list == nil {
-		return ""
-	}
-	return strings.Join(*f.list, ",")
-}
-
-func (f commaList) Set(v string) error {
-	*f.list = nil
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			*f.list = append(*f.list, s)
-		}
-	}
-	return nil
-}
-
 // seconds is a duration flag that also takes a bare number of seconds, as the
 // breaker flags of seeds/000 (--breaker-cooldown-s 5) are given.
 type seconds struct{ d *time.Duration }
@@ -347,7 +327,7 @@ func (f seconds) Set(v string) error {
 
 func registerFlags(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.Listen, "listen", c.Listen, "`host:port` of the OpenAI-compatible proxy (also /metrics, /healthz, /readyz, /debug/route)")
-	fs.Var(commaList{&c.Indexer}, "indexer", "indexer gRPC `host:port[,host:port…]` (a cluster's members; the router follows the one that answers); empty: route on the router's own approximate index")
+	fs.Var(envflag.List{Items: &c.Indexer}, "indexer", "indexer gRPC `host:port[,host:port…]` (a cluster's members; the router follows the one that answers); empty: route on the router's own approximate index")
 	fs.DurationVar(&c.IndexerTimeout, "indexer-timeout", c.IndexerTimeout, "deadline of one indexer query; past it the request is routed on the predicted/approximate overlap")
 	fs.DurationVar(&c.IndexerRetryAfter, "indexer-retry-after", c.IndexerRetryAfter, "after a failed indexer query, route without the indexer for this long before asking again")
 	fs.BoolVar(&c.Ledger, "ledger", c.Ledger, "share load, decisions and session bindings with the other routers through the indexer leader (needs --indexer)")
