@@ -539,6 +539,9 @@ func (n *Node) LinearizableBarrier(ctx context.Context) error {
 // await waits for f, or ctx. Raft errors meaning this node no longer leads become
 // a *NotLeaderError.
 func (n *Node) await(ctx context.Context, f raft.Future) error {
+	// The waiter below must end with the node even when ctx ends first and raft
+	// never answers f (a VerifyLeader or Apply pending at shutdown).
+	answerOnStop(f, n.raftStopped)
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
 	var err error

@@ -278,9 +278,9 @@ func (s *session) close(cause error) {
 // but not of the entries already queued for the FSM when it stops: whoever
 // waits on one of those would wait forever (the session's waiter did, past the
 // node's end). raft's futures have a ShutdownCh for exactly this, which raft
-// fills in for its other calls but not for Apply; this fills it in. It must
-// run before anyone calls f.Error.
-func answerOnStop(f raft.ApplyFuture, stopped chan struct{}) {
+// fills in for some other calls but not for Apply or VerifyLeader; this fills it
+// in. It must run before anyone calls f.Error.
+func answerOnStop(f raft.Future, stopped chan struct{}) {
 	v := reflect.ValueOf(f)
 	if v.Kind() != reflect.Pointer || v.IsNil() {
 		return
