@@ -232,27 +232,36 @@ type modelList struct {
 // maxModelsBody bounds what the router reads of an engine's /v1/models.
 const maxModelsBody = 4 << 20
 
-// fetchModels reads a worker's /v1/models.
-func fetchModels(ctx context.Context, hc *http.Client, w *Worker) ([]modelCard, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+// getFromWorker GETs path of a worker within timeout and hands a 200 body,
+// bounded by limit, to read; other statuses are errors naming the URL.
+func getFromWorker(ctx context.Context, hc *http.Client, w *Worker, path string, timeout time.Duration, limit int64, read func(io.Reader) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.URL+"/v1/models", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.URL+path, nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s/v1/models: %s", w.URL, resp.Status)
+		return fmt.Errorf("GET %s%s: %s", w.URL, path, resp.Status)
 	}
+	if err := read(io.LimitReader(resp.Body, limit)); err != nil {
+		return fmt.Errorf("GET %s%s: %w", w.URL, path, err)
+	}
+	return nil
+}
+
+// fetchModels reads a worker's /v1/models.
+func fetchModels(ctx context.Context, hc *http.Client, w *Worker) ([]modelCard, error) {
 	var list modelList
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxModelsBody)).Decode(&list); err != nil {
-		return nil, fmt.Errorf("GET %s/v1/models: %w", w.URL, err)
-	}
-	return list.Data, nil
+	err := getFromWorker(ctx, hc, w, "/v1/models", 5*time.Second, maxModelsBody, func(r io.Reader) error {
+		return json.NewDecoder(r).Decode(&list)
+	})
+	return list.Data, err
 }
 
 // pollModels keeps every worker's LoRA adapters current, until ctx ends.

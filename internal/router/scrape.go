@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -37,24 +39,14 @@ func (r *Router) engineLoad(t Target) EngineLoad { return r.scraper.get(t) }
 
 // scrapeOnce reads one worker's /metrics into per-rank loads.
 func scrapeOnce(ctx context.Context, hc *http.Client, w *Worker) (map[uint32]EngineLoad, error) {
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.URL+"/metrics", nil)
+	var families map[string]*dto.MetricFamily
+	err := getFromWorker(ctx, hc, w, "/metrics", time.Second, maxMetricsBody, func(r io.Reader) (err error) {
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		families, err = parser.TextToMetricFamilies(r)
+		return err
+	})
 	if err != nil {
 		return nil, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s/metrics: %s", w.URL, resp.Status)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, maxMetricsBody))
-	if err != nil {
-		return nil, fmt.Errorf("GET %s/metrics: %w", w.URL, err)
 	}
 	out := map[uint32]EngineLoad{}
 	for name, set := range map[string]func(*EngineLoad, float64){
