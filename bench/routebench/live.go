@@ -5,7 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -30,7 +30,7 @@ type fleet struct {
 	cfg     *Config
 	dir     string
 	stderr  io.Writer
-	procs   []*exec.Cmd
+	procs   []*proc
 	engines []string // base URLs
 	grpc    string   // indexer gRPC address
 	client  *http.Client
@@ -58,9 +58,22 @@ func freePorts(n int) ([]int, error) {
 	return out, nil
 }
 
+// proc is one started process; done closes when it has exited.
+type proc struct {
+	name, log string
+	cmd       *exec.Cmd
+	done      chan struct{}
+	err       error // the exit status, valid once done is closed
+}
+
+// errExited is a process that ended before it was ready: most often a port that
+// was free when picked and taken by another process before the child bound it.
+var errExited = errors.New("exited before it was ready")
+
 // start runs a binary with its output in dir/name.log.
-func (f *fleet) start(ctx context.Context, name, bin string, args ...string) (*exec.Cmd, error) {
-	logf, err := os.Create(filepath.Join(f.dir, name+".log"))
+func (f *fleet) start(ctx context.Context, name, bin string, args ...string) (*proc, error) {
+	logPath := filepath.Join(f.dir, name+".log")
+	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
@@ -72,12 +85,29 @@ func (f *fleet) start(ctx context.Context, name, bin string, args ...string) (*e
 		logf.Close()
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
-	f.procs = append(f.procs, cmd)
-	return cmd, nil
+	p := &proc{name: name, log: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logf.Close()
+		close(p.done)
+	}()
+	f.procs = append(f.procs, p)
+	return p, nil
 }
 
-// waitReady polls url until it answers 200.
-func (f *fleet) waitReady(ctx context.Context, url string, timeout time.Duration) error {
+// logTail is the end of p's log, for error messages (the log directory is
+// removed when the fleet closes).
+func (p *proc) logTail() string {
+	raw, _ := os.ReadFile(p.log)
+	const max = 2000
+	if len(raw) > max {
+		raw = raw[len(raw)-max:]
+	}
+	return strings.TrimSpace(string(raw))
+}
+
+// waitReady polls url until it answers 200, and fails early when p exits.
+func (f *fleet) waitReady(ctx context.Context, p *proc, url string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -91,14 +121,31 @@ func (f *fleet) waitReady(ctx context.Context, url string, timeout time.Duration
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-p.done:
+			return fmt.Errorf("%s %w (%v); its log ends:\n%s", p.name, errExited, p.err, p.logTail())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("%s not ready after %v (logs in %s)", url, timeout, f.dir)
+	return fmt.Errorf("%s: %s not ready after %v; its log ends:\n%s", p.name, url, timeout, p.logTail())
 }
 
-// startFleet starts the engines and the indexer.
+// startAttempts bounds the restarts of a fleet or router whose process exited
+// before it was ready (a port taken between picking and binding).
+const startAttempts = 3
+
+// startFleet starts the engines and the indexer, on fresh ports again when a
+// process exits before it is ready.
 func startFleet(ctx context.Context, cfg *Config, stderr io.Writer) (*fleet, error) {
+	for attempt := 1; ; attempt++ {
+		f, err := startFleetOnce(ctx, cfg, stderr)
+		if err == nil || !errors.Is(err, errExited) || attempt == startAttempts {
+			return f, err
+		}
+		fmt.Fprintf(stderr, "routebench: fleet start attempt %d: %v\nroutebench: retrying on fresh ports\n", attempt, err)
+	}
+}
+
+func startFleetOnce(ctx context.Context, cfg *Config, stderr io.Writer) (*fleet, error) {
 	dir, err := os.MkdirTemp("", "routebench-")
 	if err != nil {
 		return nil, err
@@ -115,6 +162,7 @@ func startFleet(ctx context.Context, cfg *Config, stderr io.Writer) (*fleet, err
 		return nil, err
 	}
 	var workerArgs []string
+	var engines []*proc
 	for w := range cfg.Workers {
 		ec := engineConfig(cfg, w)
 		httpP, evP, repP := ports[3*w], ports[3*w+1], ports[3*w+2]
@@ -124,9 +172,11 @@ func startFleet(ctx context.Context, cfg *Config, stderr io.Writer) (*fleet, err
 			"--max-model-len", strconv.Itoa(ec.MaxModelLen),
 			"--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", evP), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://*:%d", repP),
 			"--log-level", "warn"}
-		if _, err := f.start(ctx, workerID(w), "fakeengine", args...); err != nil {
+		p, err := f.start(ctx, workerID(w), "fakeengine", args...)
+		if err != nil {
 			return nil, err
 		}
+		engines = append(engines, p)
 		url := fmt.Sprintf("http://127.0.0.1:%d", httpP)
 		f.engines = append(f.engines, url)
 		workerArgs = append(workerArgs, "--worker", fmt.Sprintf("id=%s,model=%s,block-size=%d,endpoint=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d,http=%s",
@@ -138,15 +188,16 @@ func startFleet(ctx context.Context, cfg *Config, stderr io.Writer) (*fleet, err
 	args := append([]string{"--node-id", "bench", "--data-dir", filepath.Join(dir, "indexer"), "--http-addr", idxHTTP,
 		"--grpc-addr", f.grpc, "--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[base+2]), "--block-size", strconv.Itoa(cfg.BlockSize),
 		"--tokenizer", simModel + "=builtin", "--log-level", "warn"}, workerArgs...)
-	if _, err := f.start(ctx, "indexer", "indexer", args...); err != nil {
+	indexer, err := f.start(ctx, "indexer", "indexer", args...)
+	if err != nil {
 		return nil, err
 	}
-	for _, u := range f.engines {
-		if err := f.waitReady(ctx, u+"/health", 60*time.Second); err != nil {
+	for i, u := range f.engines {
+		if err := f.waitReady(ctx, engines[i], u+"/health", 60*time.Second); err != nil {
 			return nil, err
 		}
 	}
-	if err := f.waitReady(ctx, "http://"+idxHTTP+"/readyz", 60*time.Second); err != nil {
+	if err := f.waitReady(ctx, indexer, "http://"+idxHTTP+"/readyz", 60*time.Second); err != nil {
 		return nil, err
 	}
 	ok = true
@@ -154,22 +205,51 @@ func startFleet(ctx context.Context, cfg *Config, stderr io.Writer) (*fleet, err
 }
 
 func (f *fleet) close() {
-	for i := len(f.procs) - 1; i >= 0; i-- {
+	f.stopFrom(0)
+	os.RemoveAll(f.dir)
+}
+
+// stopFrom stops the processes started from f.procs[n] on, newest first, and
+// forgets them.
+func (f *fleet) stopFrom(n int) {
+	for i := len(f.procs) - 1; i >= n; i-- {
 		p := f.procs[i]
-		if p.Process != nil && p.ProcessState == nil {
-			p.Process.Signal(os.Interrupt)
-			done := make(chan struct{})
-			go func() { p.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(10 * time.Second):
-				p.Process.Kill()
-				<-done
-			}
+		select {
+		case <-p.done:
+			continue
+		default:
+		}
+		p.cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.done
 		}
 	}
-	f.procs = nil
-	os.RemoveAll(f.dir)
+	f.procs = f.procs[:n]
+}
+
+// startRouter starts a router with args and a fresh --listen port (again on
+// another port when it exits before it is ready) and returns its base URL.
+func (f *fleet) startRouter(ctx context.Context, name string, args []string) (string, error) {
+	for attempt := 1; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return "", err
+		}
+		listen := fmt.Sprintf("127.0.0.1:%d", port)
+		p, err := f.start(ctx, name, "router", append([]string{"--listen", listen}, args...)...)
+		if err != nil {
+			return "", err
+		}
+		base := "http://" + listen
+		err = f.waitReady(ctx, p, base+"/readyz", 30*time.Second)
+		if err == nil || !errors.Is(err, errExited) || attempt == startAttempts {
+			return base, err
+		}
+		fmt.Fprintf(f.stderr, "routebench: %v\nroutebench: retrying on a fresh port\n", err)
+	}
 }
 
 // resetCaches empties every engine's prefix cache (they announce it to the
@@ -217,34 +297,24 @@ func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate 
 	}
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
+	defer f.stopFrom(len(f.procs)) // this run's routers
 	var bases []string
 	for i := range f.cfg.Routers {
-		port, err := freePort()
-		if err != nil {
-			return Row{}, err
-		}
-		listen := fmt.Sprintf("127.0.0.1:%d", port)
-		args := append([]string{"--listen", listen, "--log-level", "warn", "--queue-size", "100000", "--queue-timeout", "10m",
-			"--router-id", fmt.Sprintf("routebench-%d", i), "--ledger=" + strconv.FormatBool(f.cfg.Ledger)}, spec.liveArgs...)
-		if f.cfg.PrefillScale > 0 {
-			args = append(args, "--prefill-scale", strconv.FormatFloat(f.cfg.PrefillScale, 'g', -1, 64))
-		}
+		var args []string
 		if !spec.liveNoIndexer {
 			args = append(args, "--indexer", f.grpc)
+		}
+		args = append(args, "--log-level", "warn", "--queue-size", "100000", "--queue-timeout", "10m",
+			"--router-id", fmt.Sprintf("routebench-%d", i), "--ledger="+strconv.FormatBool(f.cfg.Ledger))
+		args = append(args, spec.liveArgs...)
+		if f.cfg.PrefillScale > 0 {
+			args = append(args, "--prefill-scale", strconv.FormatFloat(f.cfg.PrefillScale, 'g', -1, 64))
 		}
 		for w, u := range f.engines {
 			args = append(args, "--worker", fmt.Sprintf("id=%s,model=%s,block-size=%d,http=%s", workerID(w), simModel, f.cfg.BlockSize, u))
 		}
-		cmd, err := f.start(rctx, fmt.Sprintf("router-%s-%d", spec.name, i), "router", args...)
+		base, err := f.startRouter(rctx, fmt.Sprintf("router-%s-%d", spec.name, i), args)
 		if err != nil {
-			return Row{}, err
-		}
-		defer func() {
-			stop()
-			cmd.Wait()
-		}()
-		base := "http://" + listen
-		if err := f.waitReady(ctx, base+"/readyz", 30*time.Second); err != nil {
 			return Row{}, err
 		}
 		bases = append(bases, base)
