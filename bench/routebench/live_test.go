@@ -37,4 +37,3 @@ func TestFleetStartReportsAnEngineThatExits(t *testing.T) {
 		t.Errorf("%d retries logged, want %d:\n%s", got, startAttempts-1, log.String())
 	}
 }
-
