@@ -113,13 +113,13 @@ func summarize(trace, policy, mode string, workers, blockSize int, rate float64,
 	if n := len(outs) - row.Failed; n > 0 {
 		row.SLOAttainment = float64(good) / float64(n)
 	}
-	var maxB, sumB float64
+	var maxB, sumB time.Duration // integers: the sum does not depend on the map's order
 	for _, b := range busy {
-		maxB = max(maxB, b.Seconds())
-		sumB += b.Seconds()
+		maxB = max(maxB, b)
+		sumB += b
 	}
 	if sumB > 0 {
-		row.Imbalance = maxB / (sumB / float64(workers))
+		row.Imbalance = maxB.Seconds() / (sumB.Seconds() / float64(workers))
 	}
 	return row
 }

@@ -241,7 +241,7 @@ func (s *simulator) arrive(i int) error {
 	local, keys := router.PromptKeys(tr.Prompt, s.cfg.BlockSize, simModel, "", "")
 	route := &router.RouteRequest{Model: simModel, BaseModel: simModel, PromptTokens: len(tr.Prompt),
 		BlockSize: s.cfg.BlockSize, OutputTokens: tr.OutputTokens, Keys: keys, LocalKeys: local,
-		SessionKey: "s:" + tr.Session, PrefixKey: "s:" + tr.Session}
+		SessionKey: "s:" + tr.Session, PrefixKey: "s:" + tr.Session, Rand: s.rng}
 	if tr.Prefix != "" {
 		route.PrefixKey = "k:" + tr.Prefix
 	}

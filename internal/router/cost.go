@@ -48,13 +48,13 @@ func (p *kvAware) Name() string { return PolicyKVAware }
 func (p *kvAware) Pick(req *RouteRequest, cands []Candidate) int {
 	scoreKVAware(&p.cfg, req, cands)
 	if p.cfg.Temperature > 0 {
-		return softmin(cands, p.cfg.Temperature)
+		return softmin(req, cands, p.cfg.Temperature)
 	}
 	if p.cfg.Cost == CostLMetric {
 		// Equal products (every candidate fully cached, say): the less loaded wins.
-		return argmin(cands, func(c *Candidate) float64 { return c.Cost + float64(c.Terms.Load)*1e-9 })
+		return argmin(req, cands, func(c *Candidate) float64 { return c.Cost + float64(c.Terms.Load)*1e-9 })
 	}
-	return argmin(cands, func(c *Candidate) float64 { return c.Cost })
+	return argmin(req, cands, func(c *Candidate) float64 { return c.Cost })
 }
 
 // scoreKVAware fills every candidate's Cost and Terms.

@@ -90,6 +90,10 @@ type RouteRequest struct {
 	KeySource             string
 	// Direct names the worker (and prefill worker) from direct-mode headers.
 	DirectWorker, DirectPrefill string
+	// Rand is the source of the policies' random choices (ties, sampling); nil
+	// means the process-wide one. The route bench's simulator sets a seeded one so
+	// that a run repeats exactly. Not safe for concurrent use: one per request.
+	Rand *rand.Rand
 
 	// pool is the pool being picked from (ring policies hash over all of it).
 	pool *poolRef
@@ -111,6 +115,22 @@ func (r *RouteRequest) PromptBlocks() float64 {
 	return float64(r.PromptTokens) / float64(r.BlockSize)
 }
 
+// intN is a random int in [0, n) from the request's source.
+func (r *RouteRequest) intN(n int) int {
+	if r.Rand != nil {
+		return r.Rand.IntN(n)
+	}
+	return rand.IntN(n)
+}
+
+// float64 is a random float in [0, 1) from the request's source.
+func (r *RouteRequest) float64() float64 {
+	if r.Rand != nil {
+		return r.Rand.Float64()
+	}
+	return rand.Float64()
+}
+
 // Policy picks one of the candidates. Pick is called with at least one candidate
 // and may be called concurrently; it fills Cost/Terms of the candidates it scores
 // and returns the index of its choice.
@@ -121,7 +141,7 @@ type Policy interface {
 
 // argmin returns the index of the lowest cost, ties broken at random (reservoir
 // sampling over the tied ones).
-func argmin(cands []Candidate, cost func(*Candidate) float64) int {
+func argmin(req *RouteRequest, cands []Candidate, cost func(*Candidate) float64) int {
 	best, ties := -1, 0
 	bestCost := math.Inf(1)
 	for i := range cands {
@@ -131,13 +151,13 @@ func argmin(cands []Candidate, cost func(*Candidate) float64) int {
 			best, bestCost, ties = i, c, 1
 		case c == bestCost:
 			ties++
-			if rand.IntN(ties) == 0 {
+			if req.intN(ties) == 0 {
 				best = i
 			}
 		}
 	}
 	if best < 0 { // all NaN or +Inf
-		return rand.IntN(len(cands))
+		return req.intN(len(cands))
 	}
 	return best
 }
@@ -145,14 +165,14 @@ func argmin(cands []Candidate, cost func(*Candidate) float64) int {
 // softmin samples a candidate with probability proportional to
 // exp(-(cost-min)/(temperature·(max-min))): costs are normalized by their spread so
 // that the temperature means the same at any scale.
-func softmin(cands []Candidate, temperature float64) int {
+func softmin(req *RouteRequest, cands []Candidate, temperature float64) int {
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for i := range cands {
 		lo, hi = min(lo, cands[i].Cost), max(hi, cands[i].Cost)
 	}
 	spread := hi - lo
 	if spread <= 0 || math.IsInf(spread, 0) || math.IsNaN(spread) {
-		return rand.IntN(len(cands))
+		return req.intN(len(cands))
 	}
 	weights := make([]float64, len(cands))
 	sum := 0.0
@@ -160,7 +180,7 @@ func softmin(cands []Candidate, temperature float64) int {
 		weights[i] = math.Exp(-(cands[i].Cost - lo) / (temperature * spread))
 		sum += weights[i]
 	}
-	x := rand.Float64() * sum
+	x := req.float64() * sum
 	for i, w := range weights {
 		if x < w {
 			return i

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 )
@@ -30,19 +29,19 @@ type random struct{}
 
 func (random) Name() string { return PolicyRandom }
 
-func (random) Pick(_ *RouteRequest, cands []Candidate) int { return rand.IntN(len(cands)) }
+func (random) Pick(req *RouteRequest, cands []Candidate) int { return req.intN(len(cands)) }
 
 // powerOfTwo samples two candidates and takes the one with fewer requests in flight.
 type powerOfTwo struct{}
 
 func (powerOfTwo) Name() string { return PolicyPowerOfTwo }
 
-func (powerOfTwo) Pick(_ *RouteRequest, cands []Candidate) int {
+func (powerOfTwo) Pick(req *RouteRequest, cands []Candidate) int {
 	if len(cands) == 1 {
 		return 0
 	}
-	a := rand.IntN(len(cands))
-	b := rand.IntN(len(cands) - 1)
+	a := req.intN(len(cands))
+	b := req.intN(len(cands) - 1)
 	if b >= a {
 		b++
 	}
@@ -62,9 +61,9 @@ type leastLoaded struct{}
 
 func (leastLoaded) Name() string { return PolicyLeastLoaded }
 
-func (leastLoaded) Pick(_ *RouteRequest, cands []Candidate) int {
+func (leastLoaded) Pick(req *RouteRequest, cands []Candidate) int {
 	for i := range cands {
 		cands[i].Cost = float64(cands[i].inFlight())
 	}
-	return argmin(cands, func(c *Candidate) float64 { return c.Cost })
+	return argmin(req, cands, func(c *Candidate) float64 { return c.Cost })
 }

@@ -1,7 +1,5 @@
 package router
 
-import "math/rand/v2"
-
 // ringPolicy routes a request key (session or prefix) on a consistent-hash ring of
 // every target of the request's pool; keys of an excluded target move to the next
 // owner clockwise and come back when it returns. Requests without a key go to the
@@ -27,7 +25,7 @@ func (p *ringPolicy) Pick(req *RouteRequest, cands []Candidate) int {
 	}
 	t, ok := r.lookup(key, func(t Target) bool { _, ok := idx[t]; return ok })
 	if !ok {
-		return rand.IntN(len(cands))
+		return req.intN(len(cands))
 	}
 	return idx[t]
 }
