@@ -25,7 +25,6 @@ func TestRunStopsCleanlyAndResumesFromCursors(t *testing.T) {
 	writeWorkersFile(t, file, connectSpec("from-file", viaFile))
 
 	cfg := testManagerConfig()
-	cfg.ZMQBind = "tcp://127.0.0.1:*"
 	cfg.WorkersFile = file
 	cfg.Workers = []workerspec.Spec{connectSpec("first", first)}
 	// Each Run subscribes anew, and a burst published before a subscription is

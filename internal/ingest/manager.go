@@ -119,11 +119,17 @@ type ManagerConfig struct {
 	// path.Match patterns (pod-*, vllm-?); others are refused (reason
 	// not_allowed).
 	DiscoverAllow []string
-	// ReplayAllow lists the replay endpoints a NATS Kv-Replay header may name,
-	// as path.Match patterns over the whole endpoint; the endpoint must also be
-	// tcp://. Others are ignored (reason replay_not_allowed): the indexer would
-	// dial whatever a publisher names.
+	// ReplayAllow lists the replay endpoints a NATS Kv-Replay header or
+	// BindReplayPattern may name, as path.Match patterns over the whole
+	// endpoint; the endpoint must also be tcp://. Others are ignored (reason
+	// replay_not_allowed): the indexer would dial whatever a publisher names.
 	ReplayAllow []string
+	// BindReplayPattern gives a worker discovered on the bind socket its replay
+	// endpoint: "{pod}" is replaced by the pod of its kv@<pod>@<model> topic
+	// (tcp://{pod}.engines.ns.svc:5558). A SUB socket does not tell who sent
+	// a frame, so the topic is all there is to go by. "" leaves such workers
+	// without replay (their gaps reset them) unless registered with one.
+	BindReplayPattern string
 }
 
 // DefaultNATSSubjectPrefix is the default subject prefix of relayed batches.
@@ -205,6 +211,9 @@ func (c ManagerConfig) Validate() error {
 			return invalidConfig("--nats-subject-prefix=%q: %v", c.NATSSubjectPrefix, err)
 		}
 	}
+	if err := validReplayPattern(c.BindReplayPattern); err != nil {
+		return invalidConfig("--bind-replay-pattern=%q %v", c.BindReplayPattern, err)
+	}
 	if c.ZMQBind != "" && !strings.Contains(c.ZMQBind, "://") {
 		return invalidConfig("--zmq-bind=%q is not a ZMQ endpoint (tcp://*:5557)", c.ZMQBind)
 	}
@@ -246,7 +255,8 @@ type Manager struct {
 	workers  map[string]*workerEntry // guarded by mu
 	byTopic  map[string]string       // guarded by mu: non-empty workerspec.Spec.Topic -> worker id
 	run      *run                    // guarded by mu; nil when not running
-	bindAddr string                  // guarded by mu
+	bindAddr string                  // guarded by mu: ServeBind's endpoint while it runs
+	binding  bool                    // guarded by mu: ServeBind runs
 	closed   bool                    // guarded by mu
 	fileData []byte                  // guarded by change: the workers file as last applied
 }
@@ -309,10 +319,11 @@ func NewManager(cfg ManagerConfig, logger *slog.Logger, reg prometheus.Registere
 	return m, nil
 }
 
-// Close releases the Manager's ZMQ context. It fails with ErrRunning while Run runs.
+// Close releases the Manager's ZMQ context. It fails with ErrRunning while Run
+// or ServeBind runs.
 func (m *Manager) Close() error {
 	m.mu.Lock()
-	if m.run != nil {
+	if m.run != nil || m.binding {
 		m.mu.Unlock()
 		return ErrRunning
 	}
@@ -491,19 +502,20 @@ func (m *Manager) Running() bool {
 	return m.run != nil && m.run.ready
 }
 
-// BindEndpoint is the bind-mode socket's actual endpoint while Run runs ("" otherwise).
+// BindEndpoint is the bind-mode socket's actual endpoint while ServeBind runs ("" otherwise).
 func (m *Manager) BindEndpoint() string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.bindAddr
 }
 
-// Run subscribes to every registered worker (and the bind socket or NATS), resumes
-// each stream after cursors.Cursor(stream) (replaying from Seq+1 when the engine's
-// replay buffer still has it), submits ordered StreamBatches to sink, and returns
+// Run subscribes to every registered worker (and NATS; ServeBind and
+// FrameInputs hand it bind-mode frames while it runs), resumes each stream
+// after cursors.Cursor(stream) (replaying from Seq+1 when the engine's replay
+// buffer still has it), submits ordered StreamBatches to sink, and returns
 // when ctx ends, after closing every socket and stopping every goroutine it
-// started. It returns an error when it cannot start (bind or NATS connection
-// failure) or when sink.Submit fails for another reason than ctx ending.
+// started. It returns an error when it cannot start (NATS connection failure) or
+// when sink.Submit fails for another reason than ctx ending.
 func (m *Manager) Run(ctx context.Context, sink Sink, cursors CursorSource) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -547,7 +559,6 @@ func (m *Manager) Run(ctx context.Context, sink Sink, cursors CursorSource) erro
 	m.lockChange(context.Background())
 	m.mu.Lock()
 	m.run = nil
-	m.bindAddr = ""
 	m.mu.Unlock()
 	r.wg.Wait()
 	m.unlockChange()
@@ -603,17 +614,6 @@ func (r *run) start() error {
 	if m.cfg.WorkersFile != "" {
 		m.reloadWorkersFile()
 		r.goRun(r.watchWorkersFile)
-	}
-	if m.cfg.ZMQBind != "" {
-		sock, addr, err := m.zs.bindSocket(m.cfg.ZMQBind)
-		if err != nil {
-			return err
-		}
-		m.mu.Lock()
-		m.bindAddr = addr
-		m.mu.Unlock()
-		m.log.Info("accepting engines on the bind socket", "endpoint", addr)
-		r.goRun(func() { r.bindLoop(sock) })
 	}
 	if m.cfg.Transport == TransportNATS {
 		sub, err := r.subscribeNATS()
@@ -764,6 +764,9 @@ type dispatcher struct {
 	r      *run
 	source string
 	cache  map[Stream]*streamRunner
+	// patternReplay: workers discovered here get their replay endpoint from
+	// ManagerConfig.BindReplayPattern (bind mode; NATS announces its own).
+	patternReplay bool
 }
 
 func (r *run) newDispatcher(source string) *dispatcher {
@@ -806,6 +809,9 @@ func (d *dispatcher) resolve(key Stream, model string) *streamRunner {
 			return nil
 		}
 		spec := workerspec.Spec{ID: key.Worker, Model: model}
+		if d.patternReplay {
+			spec.Replay = r.m.patternReplay(d.source, key.Worker)
+		}
 		if err := spec.Validate(); err != nil {
 			r.m.metrics.decodeErrors.WithLabelValues(d.source, "bad_worker").Inc()
 			r.m.badLog.Warn(d.source+"/bad_worker", "dropping batch of an unusable worker", "err", err)

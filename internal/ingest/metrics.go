@@ -18,7 +18,8 @@ import (
 //	kvindex_ingest_events_total{worker,type}              decoded events applied, type = BlockStored|BlockRemoved|AllBlocksCleared
 //	kvindex_ingest_block_events_total{worker,type}        blocks in those events (one per block hash)
 //	kvindex_ingest_batches_total{worker,result}           batches by fate: applied|duplicate|undecodable
-//	kvindex_ingest_decode_errors_total{source,reason}     bad input dropped: source = zmq|bind|nats|replay
+//	kvindex_ingest_decode_errors_total{source,reason}     bad input dropped: source = zmq|bind|forwarded|nats|replay
+//	kvindex_ingest_bind_frames_total{route}               bind socket frames: ingested (Run runs here), forwarded (to the Forwarder), dropped (neither)
 //	kvindex_ingest_skipped_total{what}                    unknown events, fields and media skipped inside good batches
 //	kvindex_ingest_refused_events_total{worker,reason}    events not indexed: token_count, block_size, no_model (logged); placeholder, other_group (expected, not logged)
 //	kvindex_ingest_gaps_total{worker,dp_rank}             sequence gaps detected on live streams
@@ -39,6 +40,7 @@ type metrics struct {
 	blockEvents     *prometheus.CounterVec
 	batches         *prometheus.CounterVec
 	decodeErrors    *prometheus.CounterVec
+	bindFrames      *prometheus.CounterVec
 	skipped         *prometheus.CounterVec
 	refused         *prometheus.CounterVec
 	gaps            *prometheus.CounterVec
@@ -62,6 +64,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		blockEvents:     counter("kvindex_ingest_block_events_total", "Blocks in the KV events handed to the index (one per block hash), by worker and event type.", "worker", "type"),
 		batches:         counter("kvindex_ingest_batches_total", "Event batches by fate: applied, duplicate (already applied) or undecodable.", "worker", "result"),
 		decodeErrors:    counter("kvindex_ingest_decode_errors_total", "Frames and payloads dropped as bad input, by transport and reason.", "source", "reason"),
+		bindFrames:      counter("kvindex_ingest_bind_frames_total", "Frames received on the --zmq-bind socket by route: ingested here (this member leads), forwarded (to the leader), dropped (neither).", "route"),
 		skipped:         counter("kvindex_ingest_skipped_total", "Unknown event tags, fields and media skipped inside otherwise valid batches.", "what"),
 		refused:         counter("kvindex_ingest_refused_events_total", "Decoded events that cannot be indexed, by worker and reason.", "worker", "reason"),
 		gaps:            counter("kvindex_ingest_gaps_total", "Sequence gaps detected on live event streams.", "worker", "dp_rank"),
@@ -72,7 +75,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		lastSeq:         gauge("kvindex_ingest_last_seq", "Sequence number of the last batch handed to the index.", "worker", "dp_rank"),
 		workers:         gauge("kvindex_ingest_workers", "Registered workers by source (flag, file, registry, discovered).", "source"),
 	}
-	for _, c := range []prometheus.Collector{m.events, m.blockEvents, m.batches, m.decodeErrors, m.skipped, m.refused,
+	for _, c := range []prometheus.Collector{m.events, m.blockEvents, m.batches, m.decodeErrors, m.bindFrames, m.skipped, m.refused,
 		m.gaps, m.replays, m.replayedBatches, m.resets, m.lag, m.lastSeq, m.workers} {
 		if err := registerCollector(reg, c); err != nil {
 			return nil, err

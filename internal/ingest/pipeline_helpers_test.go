@@ -36,6 +36,7 @@ type pipeline struct {
 	cancel  context.CancelFunc
 	sinkErr chan error
 	runErr  chan error
+	bindErr chan error // ServeBind's, with --zmq-bind
 }
 
 // testManagerConfig returns a config suited to tests: short poll and replay
@@ -83,13 +84,19 @@ func (p *pipeline) start() {
 	p.sinkErr, p.runErr = make(chan error, 1), make(chan error, 1)
 	go func() { p.sinkErr <- p.sink.Run(ctx) }()
 	go func() { p.runErr <- p.mgr.Run(ctx, p.sink, p.applier) }()
+	if p.mgr.cfg.ZMQBind != "" {
+		p.bindErr = make(chan error, 1)
+		go func() { p.bindErr <- p.mgr.ServeBind(ctx, nil) }()
+	}
 	waitFor(p.t, "manager running", func() bool {
 		select {
 		case err := <-p.runErr:
 			p.t.Fatalf("Run returned early: %v", err)
+		case err := <-p.bindErr: // never ready while bindErr is nil
+			p.t.Fatalf("ServeBind returned early: %v", err)
 		default:
 		}
-		return p.mgr.Running()
+		return p.mgr.Running() && (p.bindErr == nil || p.mgr.BindEndpoint() != "")
 	})
 }
 
@@ -101,7 +108,11 @@ func (p *pipeline) stopRun() {
 	}
 	p.cancel()
 	p.cancel = nil
-	for _, ch := range []chan error{p.runErr, p.sinkErr} {
+	waits := []chan error{p.runErr, p.sinkErr}
+	if p.bindErr != nil {
+		waits = append(waits, p.bindErr)
+	}
+	for _, ch := range waits {
 		select {
 		case err := <-ch:
 			if err != nil {

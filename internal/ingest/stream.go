@@ -74,12 +74,9 @@ type streamRunner struct {
 	sm      *streamMetrics
 	log     *slog.Logger
 	started bool // a batch has been applied (or the stream resumed from a cursor)
-	// caughtUp/caughtUpSeq/caughtUpTS: the start-up catch-up replay ended at
-	// caughtUpSeq, a batch stamped caughtUpTS; live batches up to there are still
-	// queued copies of replayed ones (see handle).
-	caughtUp    bool
-	caughtUpSeq uint64
-	caughtUpTS  float64
+	// appliedTS is the latest engine timestamp of a batch applied here (0:
+	// none yet); see handle for the late copies it tells from restarts.
+	appliedTS float64
 	// discarded: the tracker was told of a lost batch, so its next reset is
 	// reported as "undecodable".
 	discarded bool
@@ -200,15 +197,15 @@ func (s *streamRunner) handle(ctx context.Context, it *item) error {
 	if s.replayEP == "" && it.replay != "" {
 		s.replayEP = it.replay
 	}
-	if s.caughtUp {
-		if it.seq <= s.caughtUpSeq && (it.err != nil || it.batch.TS <= s.caughtUpTS) {
-			// A live copy of a batch the catch-up replayed. The Tracker would take
-			// a live seq below its cursor, before any newer live batch, for an
-			// engine restart; a restarted engine's batches are stamped later.
-			s.sm.duplicate.Inc()
-			return nil
-		}
-		s.caughtUp = false
+	if c, ok := s.tr.Cursor(); ok && s.appliedTS > 0 && it.seq <= c.Seq && (it.err != nil || it.batch.TS <= s.appliedTS) {
+		// A late copy of a batch applied already: a replay (catch-up, gap)
+		// brought it meanwhile, or it came another way (bind mode in a cluster:
+		// a member's own socket and a forwarding member's queue, an engine
+		// reconnected to another member). The Tracker would take a live seq
+		// that goes back for an engine restart; a restarted engine stamps its
+		// batches later than any batch before.
+		s.sm.duplicate.Inc()
+		return nil
 	}
 	if !s.started && it.seq > 0 {
 		// The first batch of a stream we know nothing about: what the engine
@@ -281,9 +278,6 @@ func (s *streamRunner) replay(ctx context.Context, reason string, from, upTo uin
 		it := item{seq: f.Seq}
 		it.batch, it.err = s.decode(f.Payload, "replay")
 		s.sm.replayed(reason)
-		if reason == replayCatchUp && upTo == replayUntilEnd {
-			s.caughtUp, s.caughtUpSeq, s.caughtUpTS = true, f.Seq, it.batch.TS
-		}
 		if err := s.submit(ctx, &it, a, reason); err != nil {
 			sinkErr = err
 			return errStopReplay
@@ -370,6 +364,7 @@ func (s *streamRunner) submit(ctx context.Context, it *item, a Action, replayRea
 		var st opStats
 		b.Ops, st = s.ops.build(it.batch.Events)
 		s.count(st)
+		s.appliedTS = max(s.appliedTS, b.TS)
 	}
 	if err := s.env.sink.Submit(ctx, b); err != nil {
 		return err

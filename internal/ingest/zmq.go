@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/internal/ingest/wire"
-	"github.com/kvindex/kvindex/internal/workerspec"
 	zmq "github.com/pebbe/zmq4"
 )
 
@@ -140,66 +139,6 @@ func (r *run) connectLoop(ctx context.Context, endpoint, topic string, sr *strea
 			return false
 		}
 	})
-}
-
-// bindLoop receives from the bind-mode socket: the worker and model come from the
-// topic (kv@<pod>@<model>, or a registered worker's exact Topic), the dp rank from
-// the batch.
-func (r *run) bindLoop(sock *zmq.Socket) {
-	m := r.m
-	d := r.newDispatcher("bind")
-	dec := wire.NewDecoder(m.cfg.MaxFrameBytes)
-	m.zs.receive(r.ctx, sock, "bind", func(parts [][]byte) bool {
-		f, err := wire.ParseFrame(parts)
-		if err != nil {
-			m.metrics.decodeErrors.WithLabelValues("bind", "bad_frame").Inc()
-			m.badLog.Warn("bind/bad_frame", "dropping malformed frame", "err", err)
-			return true
-		}
-		worker, model, ok := m.topicWorker(f.Topic)
-		if !ok {
-			m.metrics.decodeErrors.WithLabelValues("bind", "bad_topic").Inc()
-			m.badLog.Warn("bind/bad_topic", "dropping frame whose topic names no worker (want kv@<pod>@<model>)", "topic", truncate(f.Topic, 128))
-			return true
-		}
-		batch, st, err := dec.Decode(f.Payload)
-		countDecode(r.env, "bind", st, err)
-		if err != nil {
-			// Without a decoded batch the dp rank is unknown; the stream sees a gap.
-			return true
-		}
-		var rank uint32
-		if batch.HasDPRank {
-			rank = batch.DPRank
-		}
-		if rank >= workerspec.MaxDPSize {
-			m.metrics.decodeErrors.WithLabelValues("bind", "bad_rank").Inc()
-			m.badLog.Warn("bind/bad_rank", "dropping batch with an impossible dp rank", "worker", worker, "dp_rank", rank)
-			return true
-		}
-		return d.deliver(worker, model, rank, item{seq: f.Seq, batch: batch})
-	})
-}
-
-// topicWorker names the worker of a bind-mode topic: a registered worker whose
-// Topic is exactly this one, else llm-d's kv@<pod>@<model> (the model then comes
-// from the registry when the pod is registered).
-func (m *Manager) topicWorker(topic string) (worker, model string, ok bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if id, declared := m.byTopic[topic]; declared {
-		if e := m.workers[id]; e != nil && e.spec.Topic == topic {
-			return id, e.spec.Model, true
-		}
-	}
-	worker, model, err := wire.ParseTopic(topic)
-	if err != nil {
-		return "", "", false
-	}
-	if e, known := m.workers[worker]; known {
-		model = e.spec.Model
-	}
-	return worker, model, true
 }
 
 func truncate(s string, n int) string {

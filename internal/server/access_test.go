@@ -32,6 +32,7 @@ var wantAccess = map[string]access{
 	"/kvindex.v1.AdminService/Leave":                                 accessAdmin,
 	"/kvindex.v1.AdminService/Snapshot":                              accessAdmin,
 	"/kvindex.v1.LoadService/Report":                                 accessAdmin, // reported load steers every router
+	"/kvindex.v1.MemberService/ForwardEvents":                        accessAdmin, // member to member: what it carries goes into the index
 	"/indexer.v1.IndexerService/GetPodScores":                        accessPublic,
 	"/grpc.health.v1.Health/Check":                                   accessPublic,
 	"/grpc.health.v1.Health/List":                                    accessPublic,

@@ -59,6 +59,10 @@ type Backend interface {
 	// Snapshot takes a snapshot of this node's state now.
 	Snapshot(ctx context.Context) (SnapshotInfo, error)
 
+	// FrameInput is where bind-mode frames that followers forward go: this
+	// node's ingest, while it leads and ingests (ingest.ErrNotRunning otherwise).
+	FrameInput() (*ingest.FrameInput, error)
+
 	// Changes is the feed of index changes that Watch streams. The node's apply
 	// path must publish every applied batch to it (see ChangeFeed).
 	Changes() *ChangeFeed

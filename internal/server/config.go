@@ -102,6 +102,10 @@ type Config struct {
 	// Ingest holds --kv-event-transport, --worker, --workers-file, --zmq-bind,
 	// --nats-url, --nats-subject-prefix, --block-size and the ingest tuning flags.
 	Ingest ingest.ManagerConfig
+
+	// onBatch, when set, is told of every committed stream batch after the
+	// node's own hooks: tests audit every applied sequence number with it.
+	onBatch raftstore.BatchObserver
 }
 
 // DefaultConfig returns the defaults documented on each flag.
@@ -324,14 +328,15 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.Var(&workerFlag{list: &in.Workers, replaceOld: replaceLists}, "worker",
 		"a worker to dial, repeatable, as `k=v,...`: id=w1,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,model=M,block-size=16,dp-size=2 (also topic, http, role, label.<k>)")
 	fs.StringVar(&in.WorkersFile, "workers-file", in.WorkersFile, "YAML `file` of workers (workers: [{id, model, endpoint, replay, block-size, dp-size, topic}]), re-read when it changes")
-	fs.StringVar(&in.ZMQBind, "zmq-bind", in.ZMQBind, "bind a SUB socket engines connect to, e.g. tcp://*:5557; the worker and model come from the topic kv@<pod>@<model>")
+	fs.StringVar(&in.ZMQBind, "zmq-bind", in.ZMQBind, "bind a SUB socket engines connect to, e.g. tcp://*:5557; the worker and model come from the topic kv@<pod>@<model>. Every member of a cluster binds; one that does not lead forwards what it receives to the leader")
+	fs.StringVar(&in.BindReplayPattern, "bind-replay-pattern", in.BindReplayPattern, "replay `endpoint` of workers discovered on --zmq-bind, with {pod} the pod of their kv@<pod>@<model> topic, e.g. tcp://{pod}.engines.ns.svc:5558 (+dp rank); it must match --discover-replay-allow. Empty: such workers have no replay unless registered with one")
 	fs.StringVar(&in.NATSURL, "nats-url", in.NATSURL, "NATS server `url` (with --kv-event-transport nats)")
 	fs.StringVar(&in.NATSSubjectPrefix, "nats-subject-prefix", in.NATSSubjectPrefix, "NATS subjects are <prefix>.<worker>.<dp_rank>")
 	fs.IntVar(&in.DefaultBlockSize, "block-size", in.DefaultBlockSize, "tokens per KV block of workers that do not say; events with another block_size are refused (0: take each event's)")
 	fs.IntVar(&in.MaxDiscoveredWorkers, "max-discovered-workers", in.MaxDiscoveredWorkers, "discovery on --zmq-bind or NATS adds no worker while this node follows this many workers its configuration does not declare (discovered or registered); refusals are counted in kvindex_ingest_decode_errors_total{reason=\"discovery_limit\"} (0: no discovery)")
 	fs.Func("discover-allow", "comma-separated `patterns` (path.Match: pod-*, vllm-?) of the worker ids discovery accepts; others are counted (reason not_allowed) and dropped (default: any)",
 		func(v string) error { in.DiscoverAllow = envflag.SplitList(v); return nil })
-	fs.Func("discover-replay-allow", "comma-separated `patterns` of the replay endpoints a NATS Kv-Replay header may name (tcp:// only); others are ignored and counted (reason replay_not_allowed) (default "+strings.Join(in.ReplayAllow, ",")+")",
+	fs.Func("discover-replay-allow", "comma-separated `patterns` of the replay endpoints a NATS Kv-Replay header or --bind-replay-pattern may name (tcp:// only); others are ignored and counted (reason replay_not_allowed) (default "+strings.Join(in.ReplayAllow, ",")+")",
 		func(v string) error { in.ReplayAllow = envflag.SplitList(v); return nil })
 	fs.IntVar(&in.MaxFrameBytes, "max-frame-bytes", in.MaxFrameBytes, "largest event batch accepted, in `bytes`; larger ones are counted and dropped")
 	fs.DurationVar(&in.ReplayTimeout, "replay-timeout", in.ReplayTimeout, "how long a replay from an engine may go without a reply")

@@ -37,7 +37,7 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 	for _, name := range []string{"node-id", "data-dir", "grpc-addr", "http-addr", "zmq-bind", "worker", "workers-file",
 		"kv-event-transport", "nats-url", "nats-subject-prefix", "block-size", "max-body-bytes", "config",
 		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "insecure-no-admin-token", "raft-tls-ca", "raft-tls-cert", "raft-tls-key",
-		"http-read-timeout", "http-write-timeout", "max-discovered-workers", "discover-allow", "discover-replay-allow", "ready-max-lag", "http-idle-timeout", "grpc-max-concurrent-streams", "max-watch-streams", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
+		"http-read-timeout", "http-write-timeout", "max-discovered-workers", "discover-allow", "discover-replay-allow", "bind-replay-pattern", "ready-max-lag", "http-idle-timeout", "grpc-max-concurrent-streams", "max-watch-streams", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
 		"raft-addr", "raft-advertise", "grpc-advertise", "bootstrap", "join", "raft-batch-max-events", "raft-batch-max-wait",
 		"raft-snapshot-threshold", "raft-trailing-logs"} {
 		if !strings.Contains(help.String(), "--"+name+" ") {

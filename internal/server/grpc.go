@@ -31,8 +31,8 @@ import (
 )
 
 // GRPCServer returns a gRPC server with the IndexService, the AdminService,
-// llm-d's indexer.v1.IndexerService, the health service (reporting health) and
-// reflection registered. creds is nil for plaintext.
+// the LoadService, the MemberService, llm-d's indexer.v1.IndexerService, the
+// health service (reporting health) and reflection registered. creds is nil for plaintext.
 func (a *API) GRPCServer(creds credentials.TransportCredentials, healthSrv *health.Server) *grpc.Server {
 	opts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(a.unaryInterceptor),
@@ -53,6 +53,7 @@ func (a *API) GRPCServer(creds credentials.TransportCredentials, healthSrv *heal
 	kvindexv1.RegisterAdminServiceServer(s, adminService{a: a})
 	indexerv1.RegisterIndexerServiceServer(s, llmdService{a: a})
 	kvindexv1.RegisterLoadServiceServer(s, loadService{a: a})
+	kvindexv1.RegisterMemberServiceServer(s, memberService{a: a})
 	healthpb.RegisterHealthServer(s, healthSrv)
 	reflection.Register(s)
 	return s

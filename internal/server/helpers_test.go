@@ -72,13 +72,19 @@ type fixtureOptions struct {
 
 func startEngineFor(t *testing.T, es engineSpec) *fakeengine.Engine {
 	t.Helper()
+	return fakeenginetest.Start(t, engineConfigFor(es))
+}
+
+// engineConfigFor is the configuration of es's engine: its PUB and ROUTER
+// sockets bind free loopback ports.
+func engineConfigFor(es engineSpec) fakeengine.Config {
 	c := fakeenginetest.Config()
 	c.Model = testModel
 	c.NumGPUBlocks = es.gpuBlocks
 	c.NumCPUBlocks = es.cpuBlocks
 	c.DataParallelSize = es.dp
 	c.BlockHashSeed = 99
-	return fakeenginetest.Start(t, c)
+	return c
 }
 
 func workerFlagFor(t *testing.T, name string, e *fakeengine.Engine) workerspec.Spec {

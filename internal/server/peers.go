@@ -55,6 +55,26 @@ func newPeers(nodeID, token string, tlsCfg *tls.Config) *peers {
 // the admin token and, when asPeer, the peer mark (the member then answers
 // itself rather than forwarding to the leader).
 func (p *peers) admin(ctx context.Context, addr string, asPeer bool) (context.Context, kvindexv1.AdminServiceClient, error) {
+	ctx, cc, err := p.dial(ctx, addr, asPeer)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ctx, kvindexv1.NewAdminServiceClient(cc), nil
+}
+
+// member returns a MemberService client of the member at addr, with ctx
+// carrying the admin token and the peer mark.
+func (p *peers) member(ctx context.Context, addr string) (context.Context, kvindexv1.MemberServiceClient, error) {
+	ctx, cc, err := p.dial(ctx, addr, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ctx, kvindexv1.NewMemberServiceClient(cc), nil
+}
+
+// dial returns the connection to the member at addr (made once, then shared)
+// and ctx with the outgoing metadata of admin.
+func (p *peers) dial(ctx context.Context, addr string, asPeer bool) (context.Context, *grpc.ClientConn, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cc := p.conns[addr]
@@ -72,7 +92,7 @@ func (p *peers) admin(ctx context.Context, addr string, asPeer bool) (context.Co
 	if p.token != "" {
 		md = append(md, "authorization", "Bearer "+p.token)
 	}
-	return metadata.AppendToOutgoingContext(ctx, md...), kvindexv1.NewAdminServiceClient(cc), nil
+	return metadata.AppendToOutgoingContext(ctx, md...), cc, nil
 }
 
 // close closes every connection.

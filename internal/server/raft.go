@@ -332,6 +332,15 @@ func (b *raftBackend) forward(ctx context.Context, addr string, remote func(cont
 	return index, fromRemote(addr, err)
 }
 
+// FrameInput is this node's ingest input for forwarded bind-mode frames, while
+// it leads and its ingest runs.
+func (b *raftBackend) FrameInput() (*ingest.FrameInput, error) {
+	if !b.node.IsLeader() {
+		return nil, ingest.ErrNotRunning
+	}
+	return b.ingest.NewFrameInput(ingest.SourceForwarded)
+}
+
 // The apply hooks (raftstore.Config) feed the change feed and the registry
 // mirror. They run on raft's apply goroutine and never block.
 

@@ -40,7 +40,10 @@ type Server struct {
 	ingest  *ingest.Manager
 	peers   *peers
 	backend *raftBackend
-	api     *API
+	// forwarder sends bind-mode frames to the leader while this node does
+	// not lead (with --zmq-bind).
+	forwarder *frameForwarder
+	api       *API
 
 	httpLn, grpcLn net.Listener
 	grpcAdvertise  string
@@ -105,6 +108,12 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	rc.OnWorkersChanged = s.backend.workersChanged
 	rc.BeforeBatch = s.backend.beforeBatch
 	rc.OnBatch = s.backend.afterBatch
+	if observe := cfg.onBatch; observe != nil {
+		rc.OnBatch = func(index uint64, b *ingest.StreamBatch, o raftstore.BatchOutcome, r ingest.ApplyResult) {
+			s.backend.afterBatch(index, b, o, r)
+			observe(index, b, o, r)
+		}
+	}
 	rc.OnWorkerRemoved = s.backend.workerRemoved
 	raftServer, raftClient, err := cfg.raftTLS()
 	if err != nil {
@@ -122,6 +131,13 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 		return nil, err
 	}
 	s.backend.node = s.node
+	// The leader's gRPC limit bounds a forwarded message; a little of it is
+	// the message's own framing.
+	if cfg.Ingest.ZMQBind != "" {
+		if s.forwarder, err = newFrameForwarder(s.node, s.peers, int(cfg.MaxBodyBytes)-1024, logger, s.reg); err != nil {
+			return nil, err
+		}
+	}
 	s.backend.digests = digests{copyIndex: s.node.IndexCopy, applied: s.node.AppliedIndex, interval: minDigestInterval}
 	s.backend.index.Store(s.node.Index())
 	s.api, err = NewAPI(s.backend, APIConfig{
@@ -240,6 +256,15 @@ func (s *Server) Run(ctx context.Context) error {
 		}()
 	}
 	run(func() { s.backend.runIngest(ctx, fail) })
+	if s.cfg.Ingest.ZMQBind != "" {
+		// Every member binds; one that does not lead forwards to the leader.
+		run(func() { s.forwarder.run(ctx) })
+		run(func() {
+			if err := s.ingest.ServeBind(ctx, s.forwarder); err != nil {
+				fail("bind", err)
+			}
+		})
+	}
 	run(func() { s.backend.followRegistry(ctx) })
 	run(func() {
 		select {

@@ -1,0 +1,193 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
+	"github.com/kvindex/kvindex/internal/ingest/wire"
+)
+
+// lossyForwarder is a Forwarder that loses every nth frame and queues the
+// others for a FrameInput, as a follower's queue and stream to the leader do.
+type lossyForwarder struct {
+	every  int
+	frames chan wire.Frame
+
+	mu      sync.Mutex
+	n, lost int
+}
+
+func (f *lossyForwarder) Forward(fr wire.Frame) {
+	f.mu.Lock()
+	f.n++
+	drop := f.n%f.every == 0
+	if drop {
+		f.lost++
+	}
+	f.mu.Unlock()
+	if !drop {
+		f.frames <- fr
+	}
+}
+
+// TestBindFramesForwardedToTheRunningManager is bind mode in a cluster, minus
+// raft: a "follower" Manager binds, runs no Run and forwards what engines send
+// it, losing every 7th frame on the way, to the "leader" Manager's FrameInput.
+// The leader discovers the worker from its llm-d topic with the replay endpoint
+// of BindReplayPattern and replays every lost frame: its index equals the
+// engine's cache with no reset. While neither Run nor a forwarder takes them,
+// the bind socket's frames are dropped and counted.
+func TestBindFramesForwardedToTheRunningManager(t *testing.T) {
+	// The engine's pod is "127.0.0.1": its replay port goes into the pattern,
+	// as a Kubernetes deployment's fixed replay port does.
+	engineCfg := engineConfig()
+	engineCfg.KVEventsTopic = "kv@127.0.0.1@" + engineCfg.Model
+
+	fcfg := testManagerConfig()
+	fcfg.ZMQBind = "tcp://127.0.0.1:*"
+	follower := newPipeline(t, fcfg)
+	fwd := &lossyForwarder{every: 7, frames: make(chan wire.Frame, 4096)}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	bindErr := make(chan error, 1)
+	defer func() {
+		cancel()
+		wg.Wait()
+		if err := <-bindErr; err != nil {
+			t.Errorf("ServeBind: %v", err)
+		}
+		if err := follower.mgr.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		bindErr <- follower.mgr.ServeBind(ctx, fwd)
+	}()
+	waitFor(t, "the bind socket", func() bool { return follower.mgr.BindEndpoint() != "" })
+	if err := follower.mgr.ServeBind(ctx, fwd); !errors.Is(err, ErrRunning) {
+		t.Errorf("a second ServeBind = %v, want ErrRunning", err)
+	}
+	if err := follower.mgr.Close(); !errors.Is(err, ErrRunning) {
+		t.Errorf("Close while ServeBind runs = %v, want ErrRunning", err)
+	}
+	engineCfg.KVEventsEndpoint = follower.mgr.BindEndpoint()
+	engine := fakeenginetest.Start(t, engineCfg)
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(engine.ReplayEndpoints()[0], "tcp://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	lcfg := testManagerConfig()
+	lcfg.BindReplayPattern = "tcp://{pod}:" + port
+	lcfg.ReplayAllow = []string{"tcp://127.0.0.1:*"}
+	leader := startPipeline(t, lcfg)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		in, err := leader.mgr.NewFrameInput(SourceForwarded)
+		if err != nil {
+			t.Errorf("NewFrameInput on the running leader: %v", err)
+			return
+		}
+		for {
+			select {
+			case fr := <-fwd.frames:
+				if err := in.Deliver(fr); err != nil {
+					t.Errorf("Deliver: %v", err)
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+
+	worker := followed{"127.0.0.1", engine}
+	handshake(t, leader, worker)
+	traffic{seed: 31, requests: 120, inFlight: 4}.run(t, engine)
+	if err := engine.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitConverged(t, leader.applier, worker)
+	assertIndexEqualsTruth(t, leader.index, worker)
+
+	var spec *WorkerStatus
+	for _, ws := range leader.mgr.Workers() {
+		if ws.Spec.ID == worker.worker {
+			spec = &ws
+		}
+	}
+	if want := "tcp://127.0.0.1:" + port; spec == nil || spec.Source != SourceDiscover || spec.Spec.Replay != want {
+		t.Fatalf("leader's worker %s = %+v, want discovered with replay %s", worker.worker, spec, want)
+	}
+	fwd.mu.Lock()
+	lost := fwd.lost
+	fwd.mu.Unlock()
+	w := map[string]string{"worker": worker.worker}
+	gaps := leader.counter("kvindex_ingest_gaps_total", w)
+	if lost < 10 || gaps < float64(lost)/2 {
+		// Consecutive losses make one gap; every 7th cannot be consecutive.
+		t.Errorf("the follower lost %d frames, the leader saw %v gaps; want at least 10 losses, each a gap", lost, gaps)
+	}
+	if got := leader.counter("kvindex_ingest_replays_total", map[string]string{"worker": worker.worker, "reason": "gap", "result": "ok"}); got != gaps {
+		t.Errorf("successful gap replays = %v, want one per gap (%v)", got, gaps)
+	}
+	if got := leader.counter("kvindex_ingest_resets_total", w); got != 0 {
+		t.Errorf("resets = %v, want 0: every lost frame was replayable", got)
+	}
+	if got := follower.counter("kvindex_ingest_bind_frames_total", map[string]string{"route": "ingested"}); got != 0 {
+		t.Errorf("the follower, which runs no Run, ingested %v frames itself", got)
+	}
+	if got := follower.counter("kvindex_ingest_bind_frames_total", map[string]string{"route": "forwarded"}); got != float64(fwd.n) {
+		t.Errorf("forwarded frames counted %v, the forwarder saw %d", got, fwd.n)
+	}
+	t.Logf("%d frames forwarded, %d lost on the way, %v gaps replayed", fwd.n, lost, gaps)
+}
+
+// TestBindSocketWithoutRunOrForwarderDrops: a Manager that binds but neither
+// runs nor forwards counts what it receives as dropped; NewFrameInput refuses.
+func TestBindSocketWithoutRunOrForwarderDrops(t *testing.T) {
+	cfg := testManagerConfig()
+	cfg.ZMQBind = "tcp://127.0.0.1:*"
+	p := newPipeline(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.mgr.ServeBind(ctx, nil) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("ServeBind: %v", err)
+		}
+		if err := p.mgr.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}()
+	waitFor(t, "the bind socket", func() bool { return p.mgr.BindEndpoint() != "" })
+	if _, err := p.mgr.NewFrameInput(SourceForwarded); !errors.Is(err, ErrNotRunning) {
+		t.Errorf("NewFrameInput without Run = %v, want ErrNotRunning", err)
+	}
+	c := engineConfig()
+	c.KVEventsEndpoint = p.mgr.BindEndpoint()
+	e := fakeenginetest.Start(t, c)
+	deadline := time.Now().Add(20 * time.Second)
+	for p.counter("kvindex_ingest_bind_frames_total", map[string]string{"route": "dropped"}) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no frame counted as dropped")
+		}
+		if err := e.ResetPrefixCache(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := p.index.Stats().Residencies; n != 0 {
+		t.Errorf("the index holds %d blocks; nothing runs to apply them", n)
+	}
+}

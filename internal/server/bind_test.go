@@ -1,0 +1,228 @@
+package server
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
+	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/raftstore"
+)
+
+// seqAudit records, per node, the sequence number of every stream batch the
+// node applied, to audit loss and double application seq by seq.
+type seqAudit struct {
+	mu      sync.Mutex
+	applied map[string]map[ingest.Stream][]uint64 // guarded by mu
+}
+
+func newSeqAudit() *seqAudit {
+	return &seqAudit{applied: map[string]map[ingest.Stream][]uint64{}}
+}
+
+func (a *seqAudit) observer(node string) raftstore.BatchObserver {
+	return func(_ uint64, b *ingest.StreamBatch, o raftstore.BatchOutcome, _ ingest.ApplyResult) {
+		if o != raftstore.BatchApplied {
+			return
+		}
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if a.applied[node] == nil {
+			a.applied[node] = map[ingest.Stream][]uint64{}
+		}
+		a.applied[node][b.Stream] = append(a.applied[node][b.Stream], b.Seq)
+	}
+}
+
+// check returns, for node's stream s, the seqs in (after, upTo] it never
+// applied and those it applied more than once.
+func (a *seqAudit) check(node string, s ingest.Stream, after, upTo uint64) (lost, twice []uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	times := map[uint64]int{}
+	for _, q := range a.applied[node][s] {
+		times[q]++
+	}
+	for q := after + 1; q <= upTo; q++ {
+		switch n := times[q]; {
+		case n == 0:
+			lost = append(lost, q)
+		case n > 1:
+			twice = append(twice, q)
+		}
+	}
+	return lost, twice
+}
+
+// freeLoopbackPort returns a TCP port free on every interface now.
+func freeLoopbackPort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// labeled sums the series of a metric of srv whose label has value.
+func labeled(t *testing.T, srv *Server, name, label, value string) float64 {
+	t.Helper()
+	families, err := srv.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == label && l.GetValue() == value {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
+
+// TestBindModeOnFollowersSurvivesLeaderKill runs a 3-node cluster in bind mode
+// with two engines that publish only to the followers' --zmq-bind sockets (as
+// engines behind a Kubernetes Service reach any member): "ea" is discovered
+// from its llm-d topic with its replay endpoint from --bind-replay-pattern,
+// "eb" is registered with its replay endpoint through the API. The followers
+// forward to the leader; the leader is killed under load, a follower takes
+// over, ingests its own bind socket and what the other follower forwards to it
+// now. In the end every survivor's index equals the engines' caches, and each
+// survivor applied every sequence number published since the engines were
+// followed exactly once.
+func TestBindModeOnFollowersSurvivesLeaderKill(t *testing.T) {
+	audit := newSeqAudit()
+	replayPort := freeLoopbackPort(t)
+	c := makeCluster(t, 3, func(cfg *Config) {
+		cfg.Ingest.ZMQBind = "tcp://127.0.0.1:*"
+		cfg.Ingest.BindReplayPattern = fmt.Sprintf("tcp://{pod}:%d", replayPort)
+		cfg.Ingest.ReplayAllow = []string{"tcp://127.0.0.1:*"}
+		cfg.onBatch = audit.observer(cfg.NodeID)
+	})
+	leader := c.leader(10 * time.Second)
+	fs := c.followers(leader)
+	for _, cn := range c.live() {
+		if cn.srv.Ingest().BindEndpoint() == "" {
+			t.Fatalf("%s does not bind", cn.id)
+		}
+	}
+
+	// ea: pod "127.0.0.1", replay on the pattern's port, publishing to fs[0].
+	eaCfg := engineConfigFor(engineSpec{name: "ea", dp: 1, gpuBlocks: 48, cpuBlocks: 24})
+	eaCfg.KVEventsTopic = "kv@127.0.0.1@" + testModel
+	eaCfg.KVEventsEndpoint = fs[0].srv.Ingest().BindEndpoint()
+	eaCfg.KVEventsReplayEndpoint = fmt.Sprintf("tcp://*:%d", replayPort)
+	// eb: registered by hand, publishing to fs[1].
+	ebCfg := engineConfigFor(engineSpec{name: "eb", dp: 1, gpuBlocks: 48, cpuBlocks: 24})
+	ebCfg.KVEventsTopic = "kv@eb@" + testModel
+	ebCfg.KVEventsEndpoint = fs[1].srv.Ingest().BindEndpoint()
+	engines := map[string]*fakeengine.Engine{"127.0.0.1": fakeenginetest.Start(t, eaCfg), "eb": fakeenginetest.Start(t, ebCfg)}
+	ebReplay := engines["eb"].ReplayEndpoints()[0]
+	code, body := httpDo(t, "POST", "http://"+fs[1].srv.HTTPAddr()+"/register", map[string]any{"worker": map[string]any{
+		"id": "eb", "model": testModel, "block_size": 4, "replay_endpoint": ebReplay,
+	}})
+	if code != http.StatusOK {
+		t.Fatalf("POST /register eb on %s = %d %s", fs[1].id, code, body)
+	}
+
+	// Until a stream is followed, what its engine publishes reaches the index
+	// only through replay; a cache reset publishes AllBlocksCleared, so from a
+	// stream's first applied batch on, index and engine agree.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for _, e := range engines {
+			if err := e.ResetPrefixCache(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		followed := true
+		for s := range lastSeqs(t, engines) {
+			if _, ok := leader.srv.Applier().Cursor(s); !ok {
+				followed = false
+			}
+		}
+		if followed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the leader never followed both engines through the followers")
+		}
+	}
+	base := lastSeqs(t, engines)
+	c.caughtUp(c.live(), base, 30*time.Second)
+	// The leader registers what it discovered (every publishInterval): every
+	// replica, and so the next leader, knows ea's replay endpoint.
+	wantReplay := fmt.Sprintf("tcp://127.0.0.1:%d", replayPort)
+	for _, cn := range c.live() {
+		for {
+			spec, ok := cn.srv.node.Worker("127.0.0.1")
+			if ok && spec.Replay == wantReplay {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the discovered worker is registered as %v (%v), want replay %s", cn.id, spec, ok, wantReplay)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	load := startLoad(engines, 5)
+	time.Sleep(700 * time.Millisecond)
+	killed := leader
+	killedAt := time.Now()
+	c.kill(killed)
+	newLeader := c.leader(30 * time.Second)
+	failover := time.Since(killedAt)
+	time.Sleep(1500 * time.Millisecond)
+	load.stop(t)
+	checkReplicas(t, c, engines, load.prompts[:min(len(load.prompts), 40)])
+
+	final := lastSeqs(t, engines)
+	published := 0
+	for _, cn := range c.live() {
+		for s, last := range final {
+			lost, twice := audit.check(cn.id, s, base[s], last)
+			if len(lost) > 0 || len(twice) > 0 {
+				t.Errorf("%s, stream %v, seqs %d..%d: lost %v, applied twice %v", cn.id, s, base[s]+1, last, lost, twice)
+			}
+		}
+	}
+	for s, last := range final {
+		published += int(last - base[s])
+	}
+	if published < 50 {
+		t.Errorf("only %d batches published under load: the audit proves little", published)
+	}
+	other := slices.DeleteFunc(c.live(), func(cn *clusterNode) bool { return cn == newLeader })[0]
+	if n := labeled(t, other.srv, "kvindex_ingest_forward_frames_total", "result", "sent"); n == 0 {
+		t.Errorf("%s, a follower after the kill, forwarded nothing to the new leader %s", other.id, newLeader.id)
+	}
+	if n := labeled(t, newLeader.srv, "kvindex_ingest_bind_frames_total", "route", "ingested"); n == 0 {
+		t.Errorf("the new leader %s ingested nothing from its own bind socket", newLeader.id)
+	}
+	gaps, replayed := 0.0, 0.0
+	for w := range engines {
+		gaps += labeled(t, newLeader.srv, "kvindex_ingest_gaps_total", "worker", w)
+		replayed += labeled(t, newLeader.srv, "kvindex_ingest_replayed_batches_total", "worker", w)
+		if r := labeled(t, newLeader.srv, "kvindex_ingest_resets_total", "worker", w); r != 0 {
+			t.Errorf("the new leader reset %s %v times: a loss replay should have recovered", w, r)
+		}
+	}
+	t.Logf("leader %s killed; %s led after %v; %d batches published since the engines were followed, each applied once on every survivor; new leader: %v gaps, %v batches replayed",
+		killed.id, newLeader.id, failover.Round(time.Millisecond), published, gaps, replayed)
+}
