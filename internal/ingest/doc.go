@@ -50,18 +50,24 @@
 //
 //   - Connect mode: one SUB socket per (worker, dp rank) dialing the rank's PUB
 //     endpoint (the spec's endpoint, port + rank).
-//   - Bind mode (--zmq-bind): one SUB socket that engines connect to. The worker is
-//     the registered worker whose topic is exactly the frame's topic, else the pod
-//     of llm-d's "kv@<pod>@<model>" topic (vLLM --kv-events-config
-//     '{"topic": "kv@$POD_NAME@$MODEL"}'); a worker seen for the first time is
-//     registered as "discovered" with that model. The dp rank is the batch's
-//     data_parallel_rank.
+//   - Bind mode (--zmq-bind, bind.go): one SUB socket that engines connect to,
+//     owned by ServeBind for as long as it runs, Run or no Run. While Run runs,
+//     its frames go through a FrameInput into Run's streams; otherwise to a
+//     Forwarder (a cluster follower sends them to the leader, whose FrameInput
+//     takes them the same way). The worker is the registered worker whose topic
+//     is exactly the frame's topic, else the pod of llm-d's "kv@<pod>@<model>"
+//     topic (vLLM --kv-events-config '{"topic": "kv@$POD_NAME@$MODEL"}'); a
+//     worker seen for the first time is registered as "discovered" with that
+//     model and the replay endpoint of BindReplayPattern ("{pod}" replaced).
+//     The dp rank is the batch's data_parallel_rank. A frame may reach Run by
+//     two ways; a live batch at or below the stream's cursor stamped no later
+//     than the last applied one is a late copy (a duplicate), not a restart.
 //   - NATS: one subscription to <prefix>.*.*; see nats.go for the subject and
 //     header convention (Kv-Seq) that the relay (RunRelay) follows.
 //
-// Each socket has one goroutine that receives and decodes; each stream has one
-// goroutine that runs its Tracker, fills gaps over a DEALER to the engine's replay
-// socket, computes block keys (kvblock, the worker's model and block size, the
+// Each socket (and each FrameInput's caller) has one goroutine that receives
+// and decodes; each stream has one goroutine that runs its Tracker, fills gaps
+// over a DEALER to the engine's replay socket, computes block keys (kvblock, the worker's model and block size, the
 // event's LoRA and cache salt) and hands StreamBatches to the Sink in order. A
 // stream with a replay endpoint also replays when it starts (from its cursor, or
 // the whole buffer for a stream the index does not know) and when it has been
@@ -79,8 +85,9 @@
 //
 // # Concurrency
 //
-// A wire.Decoder and a Tracker each belong to one goroutine (one per socket, one per
-// stream); so does every ZMQ socket. The pure functions are safe to call from
+// A wire.Decoder and a Tracker each belong to one goroutine (one per socket or
+// FrameInput, one per stream); so does every ZMQ socket and every FrameInput.
+// A Forwarder's Forward is called on the bind socket's goroutine. The pure functions are safe to call from
 // anywhere. Manager and LocalSink methods are safe for concurrent use (each
 // documents its own contract). Inside a Manager the lock order is: change (the
 // registry-change semaphore), then Manager.mu, then run.mu, then workerRun.mu; no

@@ -28,9 +28,12 @@
 // them. The ChangeFeed (watch.go) turns applied batches into the Watch stream:
 // raft's apply hooks call its Prepare and Commit around every batch.
 //
-// Ingest runs on the leader only, in connect mode and in bind mode alike: in a
-// cluster, engines in bind mode must reach the leader's --zmq-bind (followers
-// do not bind); see the README.
+// Ingest runs on the leader only, in connect mode and in bind mode alike. In
+// bind mode every member binds --zmq-bind for its whole life; a member that does
+// not lead forwards the frames to the leader (forward.go: a bounded queue and
+// MemberService.ForwardEvents), whose handler feeds them to its ingest like
+// frames of its own socket. Loss on the way is a sequence gap the leader
+// replays; see the README, *Bind mode*.
 //
 // It owns no index logic: ingest follows the engines, radix holds the index,
 // tokenize turns text into tokens.
@@ -38,7 +41,8 @@
 // # Concurrency
 //
 // A Server is built by New and run once by Run, which owns its goroutines
-// (ingest while leading, registry mirror, join, HTTP, gRPC, health) and returns
+// (ingest while leading, the bind socket and its forwarder, registry mirror,
+// join, HTTP, gRPC, health) and returns
 // after all of them stopped. API, Backend implementations and ChangeFeed
 // subscriptions are safe for concurrent use; ChangeFeed.Prepare/Commit/
 // WorkerRemoved and the other apply hooks run on raft's apply goroutine only and
