@@ -1,14 +1,23 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 	"github.com/kvindex/kvindex/internal/ingest"
@@ -119,6 +128,22 @@ func TestBindModeOnFollowersSurvivesLeaderKill(t *testing.T) {
 		if cn.srv.Ingest().BindEndpoint() == "" {
 			t.Fatalf("%s does not bind", cn.id)
 		}
+	}
+
+	// A member that does not lead refuses a stream of forwarded frames, naming
+	// the leader.
+	cc, err := grpc.NewClient(fs[0].srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	st, err := kvindexv1.NewMemberServiceClient(cc).ForwardEvents(
+		metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+clusterToken))
+	if err == nil {
+		_, err = st.CloseAndRecv()
+	}
+	if s := status.Convert(err); s.Code() != codes.Unavailable || !strings.Contains(s.Message(), leader.srv.GRPCAddr()) {
+		t.Errorf("ForwardEvents on follower %s = %v, want UNAVAILABLE naming the leader at %s", fs[0].id, err, leader.srv.GRPCAddr())
 	}
 
 	// ea: pod "127.0.0.1", replay on the pattern's port, publishing to fs[0].

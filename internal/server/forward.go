@@ -66,7 +66,7 @@ func newFrameForwarder(node *raftstore.Node, p *peers, maxMessage int, logger *s
 		[]string{"result"})
 	if reg != nil {
 		if err := reg.Register(frames); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("registering kvindex_ingest_forward_frames_total: %w", err)
 		}
 	}
 	return &frameForwarder{
