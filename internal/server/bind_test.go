@@ -80,29 +80,6 @@ func freeLoopbackPort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// labeled sums the series of a metric of srv whose label has value.
-func labeled(t *testing.T, srv *Server, name, label, value string) float64 {
-	t.Helper()
-	families, err := srv.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.Metric {
-			for _, l := range m.Label {
-				if l.GetName() == label && l.GetValue() == value {
-					sum += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return sum
-}
-
 // TestBindModeOnFollowersSurvivesLeaderKill runs a 3-node cluster in bind mode
 // with two engines that publish only to the followers' --zmq-bind sockets (as
 // engines behind a Kubernetes Service reach any member): "ea" is discovered
@@ -164,30 +141,8 @@ func TestBindModeOnFollowersSurvivesLeaderKill(t *testing.T) {
 		t.Fatalf("POST /register eb on %s = %d %s", fs[1].id, code, body)
 	}
 
-	// Until a stream is followed, what its engine publishes reaches the index
-	// only through replay; a cache reset publishes AllBlocksCleared, so from a
-	// stream's first applied batch on, index and engine agree.
+	handshake(t, leader, engines)
 	deadline := time.Now().Add(30 * time.Second)
-	for {
-		for _, e := range engines {
-			if err := e.ResetPrefixCache(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-		followed := true
-		for s := range lastSeqs(t, engines) {
-			if _, ok := leader.srv.Applier().Cursor(s); !ok {
-				followed = false
-			}
-		}
-		if followed {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the leader never followed both engines through the followers")
-		}
-	}
 	base := lastSeqs(t, engines)
 	c.caughtUp(c.live(), base, 30*time.Second)
 	// The leader registers what it discovered (every publishInterval): every

@@ -238,6 +238,35 @@ func lastSeqs(t *testing.T, engines map[string]*fakeengine.Engine) map[ingest.St
 	return out
 }
 
+// handshake resets the engines' caches until leader follows each of their
+// streams. Until a stream is followed, what its engine publishes reaches the
+// index only through replay; a cache reset publishes AllBlocksCleared, so from
+// a stream's first applied batch on, index and engine agree.
+func handshake(t *testing.T, leader *clusterNode, engines map[string]*fakeengine.Engine) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for _, e := range engines {
+			if err := e.ResetPrefixCache(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		followed := true
+		for s := range lastSeqs(t, engines) {
+			if _, ok := leader.srv.Applier().Cursor(s); !ok {
+				followed = false
+			}
+		}
+		if followed {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the leader %s never followed every stream", leader.id)
+		}
+	}
+}
+
 // engineLoad sends requests to every engine from a few goroutines each until
 // stopped: prompts that share system prefixes and extend earlier ones, so that
 // blocks are reused and evicted. It keeps the prompts for later queries.
@@ -317,6 +346,29 @@ func counter(t *testing.T, srv *Server, name string) float64 {
 	}
 	t.Fatalf("no counter %s", name)
 	return 0
+}
+
+// labeled sums the series of a metric of srv whose label has value.
+func labeled(t *testing.T, srv *Server, name, label, value string) float64 {
+	t.Helper()
+	families, err := srv.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == label && l.GetValue() == value {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
 }
 
 func httpDo(t *testing.T, method, url string, body any) (int, []byte) {
@@ -477,31 +529,7 @@ func TestClusterOfThree(t *testing.T) {
 		t.Errorf("unregister without the token on a follower: %v %v", resp, err)
 	}
 
-	// Until the leader's subscriptions are live, what an engine publishes reaches
-	// the index only through replay; a cache reset publishes AllBlocksCleared, so
-	// once each stream has a cursor, index and engine agree.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		for _, e := range engines {
-			if err := e.ResetPrefixCache(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-		last := lastSeqs(t, engines)
-		ok := true
-		for s := range last {
-			if _, has := leader.srv.Applier().Cursor(s); !has {
-				ok = false
-			}
-		}
-		if ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the leader never followed every stream")
-		}
-	}
+	handshake(t, leader, engines)
 	base := lastSeqs(t, engines)
 	c.caughtUp(c.live(), base, 30*time.Second)
 	appliedBefore := map[string]float64{}

@@ -43,24 +43,7 @@ func TestDiscoveryFloodIsBoundedOnEveryReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused := func() float64 {
-		families, err := leader.srv.reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		sum := 0.0
-		for _, f := range families {
-			if f.GetName() != "kvindex_ingest_decode_errors_total" {
-				continue
-			}
-			for _, m := range f.Metric {
-				for _, l := range m.Label {
-					if l.GetName() == "reason" && l.GetValue() == "discovery_limit" {
-						sum += m.GetCounter().GetValue()
-					}
-				}
-			}
-		}
-		return sum
+		return labeled(t, leader.srv, "kvindex_ingest_decode_errors_total", "reason", "discovery_limit")
 	}
 	// A PUB drops what it sends before the subscription reaches it: keep
 	// flooding new ids until refusals are counted, then once more.
