@@ -1,6 +1,8 @@
 // Package kvindexv1 is kvindex's public protobuf API, package kvindex.v1: the
 // IndexService (Score, QueryByHash, Workers, Stats, Watch), the AdminService
-// (worker registry and raft membership) and the router's RouteDecision.
+// (worker registry and raft membership), the LoadService (the routers' shared
+// load), the MemberService (between members only: bind-mode event frames a
+// follower forwards to the leader) and the router's RouteDecision.
 //
 // The .proto files beside this file are the source of truth; the *.pb.go files are
 // generated from them by `make proto` (buf with local protoc-gen-go and
