@@ -15,12 +15,17 @@ import (
 
 // lossyForwarder is a Forwarder that loses every nth frame and queues the
 // others for a FrameInput, as a follower's queue and stream to the leader do.
+// It also sends a copy of every 5th frame again 10 frames later, as a frame
+// that reached the leader by two ways (its own socket and a follower's queue).
 type lossyForwarder struct {
 	every  int
 	frames chan wire.Frame
 
 	mu      sync.Mutex
 	n, lost int
+	late    []wire.Frame // copies to send again, with the frame count to send them at
+	lateAt  []int
+	copies  int
 }
 
 func (f *lossyForwarder) Forward(fr wire.Frame) {
@@ -30,9 +35,21 @@ func (f *lossyForwarder) Forward(fr wire.Frame) {
 	if drop {
 		f.lost++
 	}
+	var again []wire.Frame
+	for len(f.lateAt) > 0 && f.lateAt[0] <= f.n {
+		again = append(again, f.late[0])
+		f.late, f.lateAt = f.late[1:], f.lateAt[1:]
+		f.copies++
+	}
+	if !drop && f.n%5 == 0 {
+		f.late, f.lateAt = append(f.late, fr), append(f.lateAt, f.n+10)
+	}
 	f.mu.Unlock()
 	if !drop {
 		f.frames <- fr
+	}
+	for _, c := range again {
+		f.frames <- c
 	}
 }
 
@@ -42,7 +59,8 @@ func (f *lossyForwarder) Forward(fr wire.Frame) {
 // The leader discovers the worker from its llm-d topic with the replay endpoint
 // of BindReplayPattern and replays every lost frame (at the gap it makes, or
 // by the idle replay when it was the last): its index equals the engine's
-// cache with no reset, and the follower counted every frame as forwarded.
+// cache with no reset (a late copy is a duplicate, not an engine restart), and
+// the follower counted every frame as forwarded.
 func TestBindFramesForwardedToTheRunningManager(t *testing.T) {
 	// The engine's pod is "127.0.0.1": its replay port goes into the pattern,
 	// as a Kubernetes deployment's fixed replay port does.
@@ -143,7 +161,10 @@ func TestBindFramesForwardedToTheRunningManager(t *testing.T) {
 		t.Errorf("successful gap replays = %v, want one per gap (%v)", got, gaps)
 	}
 	if got := leader.counter("kvindex_ingest_resets_total", w); got != 0 {
-		t.Errorf("resets = %v, want 0: every lost frame was replayable", got)
+		t.Errorf("resets = %v, want 0: every lost frame was replayable, and a late copy is no engine restart", got)
+	}
+	if got := leader.counter("kvindex_ingest_batches_total", map[string]string{"worker": worker.worker, "result": "duplicate"}); got < float64(fwd.copies) {
+		t.Errorf("duplicates = %v, want at least the %d late copies", got, fwd.copies)
 	}
 	if got := follower.counter("kvindex_ingest_bind_frames_total", map[string]string{"route": "ingested"}); got != 0 {
 		t.Errorf("the follower, which runs no Run, ingested %v frames itself", got)
@@ -151,7 +172,10 @@ func TestBindFramesForwardedToTheRunningManager(t *testing.T) {
 	if got := follower.counter("kvindex_ingest_bind_frames_total", map[string]string{"route": "forwarded"}); got != float64(fwd.n) {
 		t.Errorf("forwarded frames counted %v, the forwarder saw %d", got, fwd.n)
 	}
-	t.Logf("%d frames forwarded, %d lost on the way, %v gaps replayed", fwd.n, lost, gaps)
+	if fwd.copies < 10 {
+		t.Errorf("only %d late copies sent: the test proves little", fwd.copies)
+	}
+	t.Logf("%d frames forwarded, %d lost on the way, %v gaps replayed, %d late copies dropped", fwd.n, lost, gaps, fwd.copies)
 }
 
 // TestBindSocketWithoutRunOrForwarderDrops: a Manager that binds but neither
