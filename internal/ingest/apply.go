@@ -3,7 +3,9 @@ package ingest
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvindex/kvindex/internal/radix"
 )
@@ -17,12 +19,19 @@ import (
 //
 // Apply and RemoveWorker must be called from one goroutine (the apply loop); Cursor,
 // Cursors and the Index's readers may run concurrently with it.
+//
+// A fenced stream (FenceWorker: its worker was declared dead) takes only a batch that
+// starts a fresh stream (Reset); the others are dropped (ApplyResult.Fenced).
 type Applier struct {
 	index *radix.Index
 	ops   []radix.Op // Apply's conversion buffer, reused: Apply runs on one goroutine
 
 	mu      sync.RWMutex
 	cursors map[Stream]Cursor // guarded by mu
+	// fenced counts the cursors with a Fence (written under mu), so that ingest
+	// can ask Fence before every batch at the cost of one atomic load while no
+	// worker is dead.
+	fenced atomic.Int64
 }
 
 var _ CursorSource = (*Applier)(nil)
@@ -47,6 +56,9 @@ type ApplyResult struct {
 	// bound); DetachedParent is the first such parent's engine hash.
 	Detached       int
 	DetachedParent uint64
+	// Fenced: the batch was dropped because its stream is fenced and it does not
+	// start a fresh stream (not Reset). Applied is false.
+	Fenced bool
 }
 
 // Apply applies b unless the stream has already applied it: a batch is new when its
@@ -60,6 +72,11 @@ func (a *Applier) Apply(b StreamBatch) ApplyResult {
 	a.mu.RUnlock()
 	if seen && (b.Epoch < cur.Epoch || (b.Epoch == cur.Epoch && b.Seq <= cur.Seq)) {
 		return ApplyResult{}
+	}
+	if seen && cur.Fence != 0 && !b.Reset {
+		// Sent before ingest saw the fence (in flight when the worker was
+		// declared dead): its blocks must not come back.
+		return ApplyResult{Fenced: true}
 	}
 	ops, first := b.Ops, 0 // ops[first+i] is b.Ops[i]
 	if b.Reset {
@@ -81,6 +98,9 @@ func (a *Applier) Apply(b StreamBatch) ApplyResult {
 		res.FirstErr = fmt.Errorf("stream %s/%d seq %d op %d: %w", b.Stream.Worker, b.Stream.DPRank, b.Seq, refused.Op-first, refused.Err)
 	}
 	a.mu.Lock()
+	if cur.Fence != 0 {
+		a.fenced.Add(-1)
+	}
 	a.cursors[b.Stream] = Cursor{Seq: b.Seq, Epoch: b.Epoch}
 	a.mu.Unlock()
 	return res
@@ -90,12 +110,52 @@ func (a *Applier) Apply(b StreamBatch) ApplyResult {
 func (a *Applier) RemoveWorker(worker string) {
 	a.index.RemoveWorker(worker)
 	a.mu.Lock()
-	for s := range a.cursors {
+	for s, c := range a.cursors {
 		if s.Worker == worker {
+			if c.Fence != 0 {
+				a.fenced.Add(-1)
+			}
 			delete(a.cursors, s)
 		}
 	}
 	a.mu.Unlock()
+}
+
+// FenceWorker drops every block of every dp rank of worker and fences each of its
+// streams that has a cursor at gen (not 0; the raft log index of the decision
+// that the worker is dead): from now on such a stream takes only a batch that
+// starts a fresh stream (Reset), so that no batch in flight when the worker was
+// declared dead brings its blocks back. The cursors keep their epoch, so the
+// fresh stream, which ingest starts one epoch further, is never taken for an
+// old one. A stream without a cursor holds no block and is not fenced. It
+// returns the fenced dp ranks, ascending.
+func (a *Applier) FenceWorker(worker string, gen uint64) []uint32 {
+	a.index.RemoveWorker(worker)
+	var ranks []uint32
+	a.mu.Lock()
+	for s, c := range a.cursors {
+		if s.Worker != worker {
+			continue
+		}
+		if c.Fence == 0 {
+			a.fenced.Add(1)
+		}
+		c.Fence = gen
+		a.cursors[s] = c
+		ranks = append(ranks, s.DPRank)
+	}
+	a.mu.Unlock()
+	slices.Sort(ranks)
+	return ranks
+}
+
+// Fence returns the fence of stream s (0: none); see Cursor.Fence.
+func (a *Applier) Fence(s Stream) uint64 {
+	if a.fenced.Load() == 0 {
+		return 0
+	}
+	c, _ := a.Cursor(s)
+	return c.Fence
 }
 
 // Cursor returns how far stream s has been applied.
@@ -120,10 +180,15 @@ func (a *Applier) Cursors() map[Stream]Cursor {
 // SetCursors replaces every cursor (a snapshot restore, with the index restored beside it).
 func (a *Applier) SetCursors(c map[Stream]Cursor) {
 	cp := make(map[Stream]Cursor, len(c))
+	fenced := int64(0)
 	for s, v := range c {
 		cp[s] = v
+		if v.Fence != 0 {
+			fenced++
+		}
 	}
 	a.mu.Lock()
 	a.cursors = cp
+	a.fenced.Store(fenced)
 	a.mu.Unlock()
 }

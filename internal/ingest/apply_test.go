@@ -209,3 +209,56 @@ func TestApplierRemoveWorkerForgetsEveryRank(t *testing.T) {
 		t.Error("a batch of a re-added worker was dropped")
 	}
 }
+
+// TestApplierFence: a fenced stream takes only a batch that starts a fresh
+// stream in a newer epoch; its blocks are gone at once, other workers keep
+// theirs, and Fence reports the fence until the fresh batch clears it.
+func TestApplierFence(t *testing.T) {
+	a := NewApplier(radix.New(radix.Config{}))
+	w0, w1, other := Stream{Worker: "w"}, Stream{Worker: "w", DPRank: 1}, Stream{Worker: "x"}
+	for _, s := range []Stream{w0, w1, other} {
+		a.Apply(StreamBatch{Stream: s, Seq: 3, Epoch: 2, Ops: []Op{storedOp([]uint64{100}, []uint64{1})}})
+	}
+	if got := a.Fence(w0); got != 0 {
+		t.Fatalf("Fence before any fence = %d, want 0", got)
+	}
+	if ranks := a.FenceWorker("w", 42); len(ranks) != 2 || ranks[0] != 0 || ranks[1] != 1 {
+		t.Fatalf("FenceWorker fenced ranks %v, want [0 1]", ranks)
+	}
+	if a.Index().HeldBlocks(w0) != 0 || a.Index().HeldBlocks(w1) != 0 || a.Index().HeldBlocks(other) != 1 {
+		t.Fatal("after the fence w must hold nothing and x its block")
+	}
+	if c, _ := a.Cursor(w0); c != (Cursor{Seq: 3, Epoch: 2, Fence: 42}) || a.Fence(w0) != 42 || a.Fence(other) != 0 {
+		t.Fatalf("cursor %+v, fences %d and %d: want w's position kept, fenced at 42, x not fenced", c, a.Fence(w0), a.Fence(other))
+	}
+	steps := []struct {
+		name    string
+		b       StreamBatch
+		applied bool
+		fenced  bool
+	}{
+		{"in flight, not a reset", StreamBatch{Stream: w0, Seq: 4, Epoch: 2}, false, true},
+		{"a reset of an old epoch", StreamBatch{Stream: w0, Seq: 2, Epoch: 2, Reset: true}, false, false},
+		{"a fresh stream", StreamBatch{Stream: w0, Seq: 0, Epoch: 3, Reset: true}, true, false},
+		{"the fresh stream goes on", StreamBatch{Stream: w0, Seq: 1, Epoch: 3}, true, false},
+		{"the other rank is still fenced", StreamBatch{Stream: w1, Seq: 4, Epoch: 2}, false, true},
+	}
+	for _, st := range steps {
+		st.b.Ops = []Op{storedOp([]uint64{200 + st.b.Seq}, []uint64{2 + st.b.Seq})}
+		if res := a.Apply(st.b); res.Applied != st.applied || res.Fenced != st.fenced {
+			t.Fatalf("%s: applied %v fenced %v, want %v %v", st.name, res.Applied, res.Fenced, st.applied, st.fenced)
+		}
+	}
+	if a.Fence(w0) != 0 || a.Fence(w1) != 42 || a.Index().HeldBlocks(w0) != 2 {
+		t.Errorf("fences %d and %d, w rank 0 holds %d: want rank 0 free with its 2 new blocks, rank 1 fenced", a.Fence(w0), a.Fence(w1), a.Index().HeldBlocks(w0))
+	}
+	// The fence count behind Fence's fast path follows removals and restores.
+	a.RemoveWorker("w")
+	if a.Fence(w1) != 0 || a.fenced.Load() != 0 {
+		t.Errorf("after RemoveWorker: fence %d, count %d, want none", a.Fence(w1), a.fenced.Load())
+	}
+	a.SetCursors(map[Stream]Cursor{w1: {Seq: 1, Fence: 9}, other: {Seq: 1}})
+	if a.Fence(w1) != 9 || a.fenced.Load() != 1 {
+		t.Errorf("after SetCursors: fence %d, count %d, want 9 and 1", a.Fence(w1), a.fenced.Load())
+	}
+}

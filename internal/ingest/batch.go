@@ -49,6 +49,12 @@ type StreamBatch struct {
 type Cursor struct {
 	Seq   uint64
 	Epoch uint64
+	// Fence, when not 0, says the stream's blocks were dropped from outside the
+	// stream (its worker was declared dead; the value is the log index of that
+	// decision): the Applier drops the stream's batches until one starts a fresh
+	// stream (Reset), and ingest starts the stream afresh when it sees a fence it
+	// has not acted on yet (see Applier.FenceWorker).
+	Fence uint64
 }
 
 // Sink receives ordered batches from ingest. Single node: it applies them to a
@@ -64,4 +70,7 @@ type Sink interface {
 // Seq+1 with a replay instead of re-applying or losing events.
 type CursorSource interface {
 	Cursor(s Stream) (Cursor, bool)
+	// Fence is Cursor(s).Fence, cheap enough to ask before every batch: a
+	// stream whose fence changed starts afresh.
+	Fence(s Stream) uint64
 }

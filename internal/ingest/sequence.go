@@ -152,6 +152,24 @@ func (t *Tracker) Resume(c Cursor) {
 	t.discarded = false
 }
 
+// Fresh starts the stream afresh after its blocks were dropped from outside it
+// (the worker was declared dead, and the index fenced the stream at a cursor of
+// epoch epoch): the next batch, live or replayed and whatever its seq, is the
+// first of a new stream and clears the worker (ActionRestart) in an epoch above
+// both epoch and every epoch this tracker gave out. No gap is counted: it is
+// counted as a restart. Other counters are kept.
+func (t *Tracker) Fresh(epoch uint64) {
+	t.started = false
+	t.next = 0
+	t.epoch = max(t.epoch, epoch)
+	t.liveSeen = false
+	t.replaying = false
+	t.restarted = true
+	t.fromOne = false
+	t.discarded = false
+	t.stats.Restarts++
+}
+
 // Observe decides what to do with a live batch; see Tracker for the rules. While a
 // replay is open (after ActionGap, before FinishReplay) the caller should hold live
 // batches back; one observed anyway beyond the cursor gets ActionGap again and does

@@ -7,7 +7,7 @@ import (
 
 // step is one call on a Tracker and what it must answer.
 type step struct {
-	op       string // "observe", "replayed", "finish", "resume", "discard"
+	op       string // "observe", "replayed", "finish", "resume", "discard", "fresh"
 	seq      uint64
 	want     Action
 	from, to uint64 // for ActionGap; from is the epoch for "resume"
@@ -27,6 +27,7 @@ func replayed(seq uint64, want Action) step { return step{op: "replayed", seq: s
 func finish(want Action) step               { return step{op: "finish", want: want} }
 func resume(last, epoch uint64) step        { return step{op: "resume", seq: last, from: epoch} }
 func discard() step                         { return step{op: "discard"} }
+func fresh(epoch uint64) step               { return step{op: "fresh", from: epoch} }
 
 // applyRange is observe(from..to) all applied.
 func applyRange(from, to uint64) []step {
@@ -253,6 +254,37 @@ func TestTracker(t *testing.T) {
 			stats: TrackerStats{Applied: 5, Gaps: 1, Resets: 1},
 		},
 		{
+			name: "fresh: the next live batch starts a new stream, whatever its seq, and clears",
+			steps: steps(applyRange(0, 5), fresh(0), observe(900, ActionRestart), observe(901, ActionApply),
+				gap(903, 902, 902)),
+			cursor: Cursor{Seq: 901, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 8, Restarts: 1, Gaps: 1}, replaying: true,
+		},
+		{
+			name:   "fresh: a seq back near zero is no gap either",
+			steps:  steps(applyRange(10, 20), fresh(0), observe(1, ActionRestart), observe(2, ActionApply)),
+			cursor: Cursor{Seq: 2, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 13, Restarts: 1},
+		},
+		{
+			name:   "fresh: the first replayed batch starts the new stream",
+			steps:  steps(applyRange(0, 3), gap(9, 4, 8), fresh(0), replayed(5, ActionRestart), replayed(6, ActionApply), observe(7, ActionApply)),
+			cursor: Cursor{Seq: 7, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 7, Replayed: 2, Gaps: 1, Restarts: 1},
+		},
+		{
+			name:   "fresh: the epoch goes above the index's cursor",
+			steps:  steps(resume(40, 3), observe(41, ActionApply), fresh(7), observe(0, ActionRestart)),
+			cursor: Cursor{Seq: 0, Epoch: 8}, hasCursor: true,
+			stats: TrackerStats{Applied: 2, Restarts: 1},
+		},
+		{
+			name:   "fresh: nothing applied since",
+			steps:  steps(applyRange(0, 2), fresh(0)),
+			cursor: Cursor{Epoch: 0}, hasCursor: false,
+			stats: TrackerStats{Applied: 3, Restarts: 1},
+		},
+		{
 			name:      "nothing applied yet",
 			steps:     nil,
 			hasCursor: false,
@@ -282,6 +314,8 @@ func TestTracker(t *testing.T) {
 					tr.Resume(Cursor{Seq: s.seq, Epoch: s.from})
 				case "discard":
 					tr.Discard()
+				case "fresh":
+					tr.Fresh(s.from)
 				}
 			}
 			cur, ok := tr.Cursor()

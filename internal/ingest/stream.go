@@ -80,6 +80,11 @@ type streamRunner struct {
 	// discarded: the tracker was told of a lost batch, so its next reset is
 	// reported as "undecodable".
 	discarded bool
+	// fence is the index's fence of this stream that the runner last acted on
+	// (checkFence); fresh: the stream starts afresh after it, so its next reset
+	// is reported as "dead".
+	fence uint64
+	fresh bool
 
 	mu     sync.Mutex
 	status StreamStatus // guarded by mu
@@ -131,12 +136,14 @@ func (s *streamRunner) setState(state string) {
 // other than ctx's is returned.
 func (s *streamRunner) run(ctx context.Context) error {
 	defer close(s.done)
-	if c, ok := s.env.cursors.Cursor(s.key); ok {
+	if c, ok := s.env.cursors.Cursor(s.key); ok && c.Fence == 0 {
 		s.tr.Resume(c)
 		s.started = true
 		s.mu.Lock()
 		s.status.LastSeq, s.status.Epoch = c.Seq, c.Epoch
 		s.mu.Unlock()
+	} else if ok {
+		s.checkFence()
 	}
 	if s.replayEP != "" {
 		if err := s.catchUp(ctx); err != nil {
@@ -164,6 +171,7 @@ func (s *streamRunner) run(ctx context.Context) error {
 		case it := <-s.in:
 			err = s.handle(ctx, &it)
 		case <-idle:
+			s.checkFence()
 			if s.replayEP != "" {
 				err = s.catchUp(ctx)
 			}
@@ -192,8 +200,29 @@ func (s *streamRunner) catchUp(ctx context.Context) error {
 	return s.replay(ctx, replayCatchUp, from, replayUntilEnd)
 }
 
+// checkFence starts the stream afresh when the index fenced it since the
+// runner last looked (its worker was declared dead and its blocks dropped;
+// Applier.FenceWorker): whatever the engine sends next is the first batch of
+// a new stream (Tracker.Fresh), caught up from the engine's replay buffer like
+// a stream the index does not know, and no gap is counted. A batch sent in
+// between is dropped by the fence, never applied on top of the dropped blocks.
+func (s *streamRunner) checkFence() {
+	f := s.env.cursors.Fence(s.key)
+	if f == 0 || f == s.fence {
+		return
+	}
+	c, _ := s.env.cursors.Cursor(s.key)
+	s.fence = c.Fence
+	s.tr.Fresh(c.Epoch)
+	s.started, s.caughtUp, s.fresh = false, false, true
+	s.setState(StateConnecting)
+	s.updateStats()
+	s.log.Info("the worker was declared dead and its blocks dropped: its stream starts afresh", "fence", c.Fence)
+}
+
 // handle applies one live batch per the Tracker's rules (see doc.go).
 func (s *streamRunner) handle(ctx context.Context, it *item) error {
+	s.checkFence()
 	if s.replayEP == "" && it.replay != "" {
 		s.replayEP = it.replay
 	}
@@ -345,6 +374,7 @@ func countDecode(env *streamEnv, source string, st wire.DecodeStats, err error) 
 func (s *streamRunner) submit(ctx context.Context, it *item, a Action, replayReason string) error {
 	if a.Clears() {
 		s.sm.reset(s.resetReason(a, replayReason))
+		s.fresh = false
 	}
 	s.discarded = false
 	c, _ := s.tr.Cursor()
@@ -399,6 +429,8 @@ func (s *streamRunner) updateStats() {
 // resetReason labels a clearing action for kvindex_ingest_resets_total.
 func (s *streamRunner) resetReason(a Action, replayReason string) string {
 	switch {
+	case s.fresh && a == ActionRestart:
+		return "dead"
 	case a == ActionRestart:
 		return "restart"
 	case s.discarded:

@@ -87,8 +87,9 @@ type Config struct {
 	// ExportRaftMetrics for raft's own.
 	Registerer prometheus.Registerer
 	// OnWorkersChanged is called with the whole registry, sorted by id, each time
-	// it changes (register, unregister, snapshot restore), on every node, from the
-	// apply goroutine: it must be quick and must not call back into the Node.
+	// it changes (register, unregister, snapshot restore) or a worker is declared
+	// dead or lives again (Node.DeadWorkers), on every node, from the apply
+	// goroutine: it must be quick and must not call back into the Node.
 	OnWorkersChanged func([]workerspec.Spec)
 	// OnBatch, when set, is told about every committed stream batch (see
 	// BatchObserver).
@@ -103,6 +104,10 @@ type Config struct {
 	// unregistration removed worker id's blocks, with the entry's log index.
 	// Same rules as OnBatch.
 	OnWorkerRemoved func(index uint64, id string)
+	// OnWorkerDead, when set, is called on the apply goroutine after worker id
+	// was declared dead at log index index and its blocks dropped, with the dp
+	// ranks whose streams held a position (and were fenced). Same rules as OnBatch.
+	OnWorkerDead func(index uint64, id string, ranks []uint32)
 }
 
 // DefaultConfig returns a configuration for a LAN cluster with the batching the

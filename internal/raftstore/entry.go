@@ -28,7 +28,7 @@ import (
 //	  EntryRegisterWorker: an workerspec.Spec: id, model, block size, dp size,
 //	      events endpoint, topic, replay endpoint, HTTP endpoint, role, label count,
 //	      (key, value)... with keys ascending
-//	  EntryUnregisterWorker, EntryMemberRemoved: id
+//	  EntryUnregisterWorker, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive: id
 //	  EntryReplaceWorker: the expected spec, then the new one (as in EntryRegisterWorker)
 //	  EntryMemberAddr: id, gRPC address
 //
@@ -56,6 +56,8 @@ const (
 	EntryMemberAddr       EntryType = 4 // a cluster member's gRPC address
 	EntryMemberRemoved    EntryType = 5 // forget a member's gRPC address
 	EntryReplaceWorker    EntryType = 6 // compare-and-set of a registered worker's spec
+	EntryWorkerDead       EntryType = 7 // a worker's health endpoint failed: drop its blocks, fence its streams
+	EntryWorkerAlive      EntryType = 8 // a dead worker's health endpoint answers again
 )
 
 func (t EntryType) String() string {
@@ -72,6 +74,10 @@ func (t EntryType) String() string {
 		return "member-removed"
 	case EntryReplaceWorker:
 		return "replace-worker"
+	case EntryWorkerDead:
+		return "worker-dead"
+	case EntryWorkerAlive:
+		return "worker-alive"
 	}
 	return fmt.Sprintf("entry-type(%d)", uint8(t))
 }
@@ -96,7 +102,7 @@ type Entry struct {
 	Batches   []ingest.StreamBatch // EntryStreamBatches
 	Worker    workerspec.Spec      // EntryRegisterWorker, EntryReplaceWorker (the new spec)
 	Expected  workerspec.Spec      // EntryReplaceWorker: the spec it replaces
-	ID        string               // EntryUnregisterWorker, EntryMemberAddr, EntryMemberRemoved
+	ID        string               // EntryUnregisterWorker, EntryMemberAddr, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive
 	GRPCAddr  string               // EntryMemberAddr
 }
 
@@ -129,7 +135,7 @@ func EncodeEntry(dst []byte, e *Entry) ([]byte, error) {
 			return dst, fmt.Errorf("%w: replacing worker %q with %q: the id cannot change", ErrInvalidWorker, e.Expected.ID, e.Worker.ID)
 		}
 		dst = appendWorker(appendWorker(appendHeader(dst, e.Type), &e.Expected), &e.Worker)
-	case EntryUnregisterWorker, EntryMemberRemoved:
+	case EntryUnregisterWorker, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive:
 		dst = appendString(appendHeader(dst, e.Type), e.ID)
 	case EntryMemberAddr:
 		dst = appendString(appendHeader(dst, e.Type), e.ID)
@@ -297,7 +303,7 @@ func DecodeEntry(data []byte) (Entry, error) {
 		if d.err == nil && e.Expected.ID != e.Worker.ID {
 			d.fail("replacing worker %q with %q", e.Expected.ID, e.Worker.ID)
 		}
-	case EntryUnregisterWorker, EntryMemberRemoved:
+	case EntryUnregisterWorker, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive:
 		e.ID = d.name("id")
 	case EntryMemberAddr:
 		e.ID = d.name("id")

@@ -58,6 +58,8 @@ func TestEntryRoundTrip(t *testing.T) {
 		{"unregister", Entry{Type: EntryUnregisterWorker, ID: "vllm-0"}},
 		{"replace", Entry{Type: EntryReplaceWorker, Expected: sampleWorker(), Worker: workerspec.Spec{ID: "vllm-0", Model: "m", DPSize: 4}}},
 		{"member address", Entry{Type: EntryMemberAddr, ID: "node-2", GRPCAddr: "10.0.0.2:7070"}},
+		{"worker dead", Entry{Type: EntryWorkerDead, ID: "vllm-0"}},
+		{"worker alive", Entry{Type: EntryWorkerAlive, ID: "vllm-0"}},
 		{"member removed", Entry{Type: EntryMemberRemoved, ID: "node-2"}},
 		{"known type marked ignorable", Entry{Type: EntryMemberRemoved, Ignorable: true, ID: "node-2"}},
 	}
@@ -105,6 +107,8 @@ func TestEntryGolden(t *testing.T) {
 		"unregister": {Type: EntryUnregisterWorker, ID: "vllm-0"},
 		"replace":    {Type: EntryReplaceWorker, Expected: sampleWorker(), Worker: workerspec.Spec{ID: "vllm-0", Model: "m", DPSize: 4}},
 		"member":     {Type: EntryMemberAddr, ID: "node-2", GRPCAddr: "10.0.0.2:7070"},
+		"dead":       {Type: EntryWorkerDead, ID: "vllm-0"},
+		"alive":      {Type: EntryWorkerAlive, ID: "vllm-0"},
 	}
 	for name, e := range entries {
 		t.Run(name, func(t *testing.T) {
@@ -237,6 +241,7 @@ func FuzzDecodeEntry(f *testing.F) {
 		{Type: EntryUnregisterWorker, ID: "w"},
 		{Type: EntryMemberAddr, ID: "n", GRPCAddr: "a:1"},
 		{Type: EntryMemberRemoved, ID: "n"},
+		{Type: EntryWorkerDead, ID: "w"},
 	} {
 		data, err := EncodeEntry(nil, &e)
 		if err != nil {

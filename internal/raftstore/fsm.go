@@ -38,6 +38,9 @@ const (
 	// BatchOfRemovedWorker: the batch's worker was unregistered since, so it was
 	// dropped (it was in flight when the worker left).
 	BatchOfRemovedWorker
+	// BatchFenced: the batch's stream is fenced (its worker was declared dead)
+	// and the batch does not start a fresh stream, so it was dropped.
+	BatchFenced
 )
 
 func (o BatchOutcome) String() string {
@@ -48,6 +51,8 @@ func (o BatchOutcome) String() string {
 		return "duplicate"
 	case BatchOfRemovedWorker:
 		return "removed-worker"
+	case BatchFenced:
+		return "fenced"
 	}
 	return fmt.Sprintf("outcome(%d)", uint8(o))
 }
@@ -60,8 +65,8 @@ type BatchObserver func(index uint64, b *ingest.StreamBatch, outcome BatchOutcom
 // ApplyResult is what applying one entry did; the node that proposed the entry
 // gets it from raft's ApplyFuture.Response.
 type ApplyResult struct {
-	Applied, Duplicates, OfRemovedWorkers int // stream batches by outcome
-	OpErrors                              int // ops the index refused (see ingest.ApplyResult)
+	Applied, Duplicates, OfRemovedWorkers, Fenced int // stream batches by outcome
+	OpErrors                                      int // ops the index refused (see ingest.ApplyResult)
 	// Err is the outcome of a registry entry (ErrWorkerExists, ErrUnknownWorker),
 	// or ErrFSMStopped.
 	Err error
@@ -76,10 +81,12 @@ type fsm struct {
 	log       *slog.Logger
 	onWorkers func([]workerspec.Spec)
 	onBatch   BatchObserver
-	// beforeBatch and onRemoved are Config.BeforeBatch and Config.OnWorkerRemoved
-	// (set by NewNode after newFSM; nil when unused).
+	// beforeBatch, onRemoved and onDead are Config.BeforeBatch,
+	// Config.OnWorkerRemoved and Config.OnWorkerDead (set by NewNode after
+	// newFSM; nil when unused).
 	beforeBatch func(index uint64, b *ingest.StreamBatch)
 	onRemoved   func(index uint64, id string)
+	onDead      func(index uint64, id string, ranks []uint32)
 	metrics     *metrics
 
 	mu      sync.RWMutex
@@ -90,6 +97,11 @@ type fsm struct {
 	// instead, until the id is registered again.
 	tombstones map[string]uint64 // guarded by mu
 	members    map[string]string // node id -> gRPC address; guarded by mu
+	// dead holds the registered workers declared dead (EntryWorkerDead) with
+	// the log index of that entry, until their health endpoint answers again
+	// (EntryWorkerAlive) or one of their streams starts afresh (a batch gets
+	// through the fence). Only the apply goroutine writes it.
+	dead map[string]uint64 // guarded by mu
 
 	// lastIndex is the last command entry whose Apply has returned, or the one a
 	// restored snapshot was taken after. raft's own AppliedIndex runs ahead of it:
@@ -113,7 +125,7 @@ var _ raft.FSM = (*fsm)(nil)
 func newFSM(applier *ingest.Applier, log *slog.Logger, m *metrics, onWorkers func([]workerspec.Spec), onBatch BatchObserver) *fsm {
 	return &fsm{
 		applier: applier, log: log, metrics: m, onWorkers: onWorkers, onBatch: onBatch,
-		workers: map[string]workerspec.Spec{}, tombstones: map[string]uint64{}, members: map[string]string{},
+		workers: map[string]workerspec.Spec{}, tombstones: map[string]uint64{}, members: map[string]string{}, dead: map[string]uint64{},
 		stopped: make(chan struct{}), appliedCh: make(chan struct{}), detachedWarned: map[string]time.Time{},
 	}
 }
@@ -181,6 +193,10 @@ func (f *fsm) Apply(l *raft.Log) any {
 		res.Err = f.unregister(e.ID, l.Index)
 	case EntryReplaceWorker:
 		res.Err = f.replace(e.Expected, e.Worker)
+	case EntryWorkerDead:
+		res.Err = f.markDead(e.ID, l.Index)
+	case EntryWorkerAlive:
+		res.Err = f.markAlive(e.ID)
 	case EntryMemberAddr:
 		f.mu.Lock()
 		f.members[e.ID] = e.GRPCAddr
@@ -196,11 +212,12 @@ func (f *fsm) Apply(l *raft.Log) any {
 
 func (f *fsm) applyBatches(index uint64, batches []ingest.StreamBatch) ApplyResult {
 	var res ApplyResult
+	revived := false
 	for i := range batches {
 		b := &batches[i]
 		var out ingest.ApplyResult
 		outcome := BatchDuplicate
-		// Only this goroutine writes tombstones, so it may read them unlocked.
+		// Only this goroutine writes tombstones and dead, so it may read them unlocked.
 		if _, removed := f.tombstones[b.Stream.Worker]; removed {
 			outcome = BatchOfRemovedWorker
 			res.OfRemovedWorkers++
@@ -209,10 +226,22 @@ func (f *fsm) applyBatches(index uint64, batches []ingest.StreamBatch) ApplyResu
 				f.beforeBatch(index, b)
 			}
 			out = f.applier.Apply(*b)
-			if out.Applied {
+			switch {
+			case out.Applied:
 				outcome = BatchApplied
 				res.Applied++
-			} else {
+				if _, dead := f.dead[b.Stream.Worker]; dead {
+					// It publishes again, as a fresh stream (the fence let
+					// only that through): it lives.
+					f.mu.Lock()
+					delete(f.dead, b.Stream.Worker)
+					f.mu.Unlock()
+					revived = true
+				}
+			case out.Fenced:
+				outcome = BatchFenced
+				res.Fenced++
+			default:
 				res.Duplicates++
 			}
 			res.OpErrors += out.OpErrors
@@ -230,7 +259,11 @@ func (f *fsm) applyBatches(index uint64, batches []ingest.StreamBatch) ApplyResu
 	f.metrics.batchesApplied.Add(float64(res.Applied))
 	f.metrics.batchesDuplicate.Add(float64(res.Duplicates))
 	f.metrics.batchesRemovedWorker.Add(float64(res.OfRemovedWorkers))
+	f.metrics.batchesFenced.Add(float64(res.Fenced))
 	f.metrics.opErrors.Add(float64(res.OpErrors))
+	if revived {
+		f.notifyWorkers(f.Workers())
+	}
 	return res
 }
 
@@ -285,6 +318,7 @@ func (f *fsm) unregister(id string, index uint64) error {
 		return fmt.Errorf("%w: %q", ErrUnknownWorker, id)
 	}
 	delete(f.workers, id)
+	delete(f.dead, id)
 	f.tombstones[id] = index
 	if len(f.tombstones) > maxTombstones {
 		oldest, at := "", uint64(0)
@@ -387,7 +421,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	f.applier.SetCursors(st.cursors)
 	f.mu.Lock()
-	f.workers, f.tombstones, f.members = st.workers, st.tombstones, st.members
+	f.workers, f.tombstones, f.members, f.dead = st.workers, st.tombstones, st.members, st.dead
 	list := f.workerListLocked()
 	f.mu.Unlock()
 	f.setApplied(st.applied)

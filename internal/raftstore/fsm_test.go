@@ -8,7 +8,9 @@ import (
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"maps"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -358,31 +360,71 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	}
 }
 
-// TestRestoreReadsVersion1Snapshots restores a snapshot in the format before the
-// applied index was added: the state is the same, the applied index unknown (0).
-func TestRestoreReadsVersion1Snapshots(t *testing.T) {
-	src, _ := populatedFSM(t)
-	v2 := snapshotBytes(t, src)
-	state := encodeState(src.lastIndex.Load(), src.workers, src.tombstones, src.members, src.applier.Cursors())
-	v2Head := len(snapshotMagic) + 1 + len(binary.AppendUvarint(nil, uint64(len(state)))) + len(state) + 4
-	_, appliedLen := binary.Uvarint(state)
-	state1 := state[appliedLen:]
-	v1 := append([]byte(snapshotMagic), 1)
-	v1 = binary.AppendUvarint(v1, uint64(len(state1)))
-	v1 = append(v1, state1...)
-	v1 = binary.LittleEndian.AppendUint32(v1, crc32.Checksum(state1, castagnoli))
-	v1 = append(v1, v2[v2Head:]...)
+// encodeStateV2 is the state section of a version 2 snapshot (no cursor
+// fences, no dead workers), frozen here so that the reader of older snapshots
+// stays tested; version 1 is the same without the applied index.
+func encodeStateV2(f *fsm) []byte {
+	b := binary.AppendUvarint(nil, f.lastIndex.Load())
+	b = binary.AppendUvarint(b, uint64(len(f.workers)))
+	for _, id := range slices.Sorted(maps.Keys(f.workers)) {
+		w := f.workers[id]
+		b = appendWorker(b, &w)
+	}
+	b = binary.AppendUvarint(b, uint64(len(f.tombstones)))
+	for _, id := range slices.Sorted(maps.Keys(f.tombstones)) {
+		b = binary.AppendUvarint(appendString(b, id), f.tombstones[id])
+	}
+	b = binary.AppendUvarint(b, uint64(len(f.members)))
+	for _, id := range slices.Sorted(maps.Keys(f.members)) {
+		b = appendString(appendString(b, id), f.members[id])
+	}
+	cursors := f.applier.Cursors()
+	b = binary.AppendUvarint(b, uint64(len(cursors)))
+	for _, s := range slices.SortedFunc(maps.Keys(cursors), compareStreams) {
+		b = binary.AppendUvarint(appendString(b, s.Worker), uint64(s.DPRank))
+		b = binary.AppendUvarint(binary.AppendUvarint(b, cursors[s].Seq), cursors[s].Epoch)
+	}
+	return b
+}
 
-	dst := newTestFSM(t, nil)
-	if err := dst.Restore(io.NopCloser(bytes.NewReader(v1))); err != nil {
-		t.Fatal(err)
-	}
-	if dst.applier.Index().Digest() != src.applier.Index().Digest() || !reflect.DeepEqual(dst.Workers(), src.Workers()) ||
-		!reflect.DeepEqual(dst.applier.Cursors(), src.applier.Cursors()) {
-		t.Error("the state restored from a version 1 snapshot differs")
-	}
-	if dst.lastIndex.Load() != 0 {
-		t.Errorf("applied index %d from a version 1 snapshot, want 0 (unknown)", dst.lastIndex.Load())
+// TestRestoreReadsOlderSnapshots restores snapshots in the formats before the
+// cursor fences and dead workers (version 2) and before the applied index
+// (version 1): the state is the same, with no fence and no dead worker, and
+// the applied index of version 1 is unknown (0).
+func TestRestoreReadsOlderSnapshots(t *testing.T) {
+	src, _ := populatedFSM(t)
+	current := snapshotBytes(t, src)
+	state := encodeState(src.lastIndex.Load(), src.workers, src.tombstones, src.members, src.applier.Cursors(), src.dead)
+	head := len(snapshotMagic) + 1 + len(binary.AppendUvarint(nil, uint64(len(state)))) + len(state) + 4
+	v2 := encodeStateV2(src)
+	_, appliedLen := binary.Uvarint(v2)
+	for _, tc := range []struct {
+		version     byte
+		state       []byte
+		wantApplied uint64
+	}{
+		{2, v2, src.lastIndex.Load()},
+		{1, v2[appliedLen:], 0},
+	} {
+		t.Run(fmt.Sprint("version ", tc.version), func(t *testing.T) {
+			old := append([]byte(snapshotMagic), tc.version)
+			old = binary.AppendUvarint(old, uint64(len(tc.state)))
+			old = append(old, tc.state...)
+			old = binary.LittleEndian.AppendUint32(old, crc32.Checksum(tc.state, castagnoli))
+			old = append(old, current[head:]...)
+
+			dst := newTestFSM(t, nil)
+			if err := dst.Restore(io.NopCloser(bytes.NewReader(old))); err != nil {
+				t.Fatal(err)
+			}
+			if dst.applier.Index().Digest() != src.applier.Index().Digest() || !reflect.DeepEqual(dst.Workers(), src.Workers()) ||
+				!reflect.DeepEqual(dst.applier.Cursors(), src.applier.Cursors()) || len(dst.Dead()) != 0 {
+				t.Errorf("the state restored from a version %d snapshot differs", tc.version)
+			}
+			if dst.lastIndex.Load() != tc.wantApplied {
+				t.Errorf("applied index %d from a version %d snapshot, want %d", dst.lastIndex.Load(), tc.version, tc.wantApplied)
+			}
+		})
 	}
 }
 

@@ -25,7 +25,9 @@ type metrics struct {
 	batchesApplied       prometheus.Counter
 	batchesDuplicate     prometheus.Counter
 	batchesRemovedWorker prometheus.Counter
+	batchesFenced        prometheus.Counter
 	opErrors             prometheus.Counter
+	workerDeaths         prometheus.Counter
 	ignoredEntries       prometheus.Counter
 
 	leaderSessions prometheus.Counter
@@ -53,9 +55,13 @@ func newMetrics() *metrics {
 		batchesApplied:       c("applied_batches_total", "Stream batches applied to the index."),
 		batchesDuplicate:     c("duplicate_batches_total", "Committed stream batches dropped because their stream had already applied them."),
 		batchesRemovedWorker: c("removed_worker_batches_total", "Committed stream batches dropped because their worker was unregistered."),
+		batchesFenced:        c("fenced_batches_total", "Committed stream batches dropped because their worker was declared dead and they do not start a fresh stream."),
 		opErrors:             c("apply_op_errors_total", "Ops of applied stream batches that the index refused."),
 		ignoredEntries:       c("ignored_entries_total", "Log entries of an unknown type marked ignorable, skipped."),
 		leaderSessions:       c("leader_sessions_total", "Times this node started proposing as leader (after a barrier)."),
+		// Named for what it counts, beside kvindex_worker_dead (server), not for raft.
+		workerDeaths: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvindex_worker_deaths_total",
+			Help: "Times a worker was declared dead (its health endpoint failed for --worker-dead-after) and its blocks dropped, as applied on this replica."}),
 	}
 }
 
@@ -64,7 +70,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	for _, c := range []prometheus.Collector{
 		m.proposedEntries, m.proposedBatches, m.proposedEvents, m.proposedBytes, m.proposalFailures,
 		m.commitSeconds, m.inflight, m.batchesApplied, m.batchesDuplicate, m.batchesRemovedWorker,
-		m.opErrors, m.ignoredEntries, m.leaderSessions,
+		m.batchesFenced, m.opErrors, m.workerDeaths, m.ignoredEntries, m.leaderSessions,
 	} {
 		errs = append(errs, reg.Register(c))
 	}

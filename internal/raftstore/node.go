@@ -178,7 +178,7 @@ func NewNode(cfg Config) (_ *Node, err error) {
 
 	n.applier = ingest.NewApplier(radix.New(cfg.Index))
 	n.fsm = newFSM(n.applier, log, n.metrics, cfg.OnWorkersChanged, cfg.OnBatch)
-	n.fsm.beforeBatch, n.fsm.onRemoved = cfg.BeforeBatch, cfg.OnWorkerRemoved
+	n.fsm.beforeBatch, n.fsm.onRemoved, n.fsm.onDead = cfg.BeforeBatch, cfg.OnWorkerRemoved, cfg.OnWorkerDead
 	rc := cfg.raftConfig()
 	rc.Logger = newHCLogger(log, "raft")
 	hasState, err := raft.HasExistingState(n.logs, n.store, n.snapshots)
@@ -617,6 +617,27 @@ func (n *Node) UnregisterWorker(ctx context.Context, id string) (uint64, error) 
 	_, index, err := n.proposeEntry(ctx, &Entry{Type: EntryUnregisterWorker, ID: id})
 	return index, err
 }
+
+// MarkWorkerDead declares worker id dead (leader only): on every replica its
+// blocks leave the index and its streams are fenced until each starts afresh
+// (see dead.go). It returns the log index of the declaration; a worker already
+// dead succeeds, an unknown one fails with ErrUnknownWorker.
+func (n *Node) MarkWorkerDead(ctx context.Context, id string) (uint64, error) {
+	_, index, err := n.proposeEntry(ctx, &Entry{Type: EntryWorkerDead, ID: id})
+	return index, err
+}
+
+// MarkWorkerAlive ends worker id's death (leader only): its health endpoint
+// answers again. A worker not dead succeeds, an unknown one fails with
+// ErrUnknownWorker.
+func (n *Node) MarkWorkerAlive(ctx context.Context, id string) (uint64, error) {
+	_, index, err := n.proposeEntry(ctx, &Entry{Type: EntryWorkerAlive, ID: id})
+	return index, err
+}
+
+// DeadWorkers returns the registered workers declared dead, each with the log
+// index of its declaration, as this replica has applied them.
+func (n *Node) DeadWorkers() map[string]uint64 { return n.fsm.Dead() }
 
 // Workers returns the registry, sorted by id.
 func (n *Node) Workers() []workerspec.Spec { return n.fsm.Workers() }

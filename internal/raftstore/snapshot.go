@@ -19,7 +19,7 @@ import (
 	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
-// Snapshot format, version 2 (integers and strings as in the log entry format):
+// Snapshot format, version 3 (integers and strings as in the log entry format):
 //
 //	magic "kvixraft", version
 //	state length, state, CRC-32C (Castagnoli) of state, 4 bytes little-endian
@@ -27,14 +27,16 @@ import (
 //	           workers: count, each as in EntryRegisterWorker, ascending id
 //	           tombstones: count, (worker id, log index), ascending id
 //	           members: count, (node id, gRPC address), ascending id
-//	           cursors: count, (worker, dp rank, seq, epoch), ascending stream
+//	           cursors: count, (worker, dp rank, seq, epoch, fence), ascending stream
+//	           dead: count, (worker id, log index), ascending id
 //	the radix index snapshot (radix.Index.WriteTo; checksummed on its own)
 //
-// Anything after the index snapshot is not read. Version 1 is version 2 without
-// applied; it is still read, as applied 0 (see fsm.Restore).
+// Anything after the index snapshot is not read. Version 2 is version 3 without
+// cursor fences and dead workers, version 1 version 2 without applied; both are
+// still read (no fence, no dead worker; applied 0, see fsm.Restore).
 const (
 	snapshotMagic   = "kvixraft"
-	snapshotVersion = 2
+	snapshotVersion = 3
 	// maxSnapshotState bounds the state section a reader accepts (a registry of a
 	// million workers with long endpoints stays far below it).
 	maxSnapshotState = 1 << 30
@@ -62,7 +64,7 @@ var _ raft.FSMSnapshot = (*fsmSnapshot)(nil)
 func (f *fsm) capture() (*fsmSnapshot, error) {
 	ix := f.applier.Index().Snapshot()
 	f.mu.RLock()
-	state := encodeState(f.lastIndex.Load(), f.workers, f.tombstones, f.members, f.applier.Cursors())
+	state := encodeState(f.lastIndex.Load(), f.workers, f.tombstones, f.members, f.applier.Cursors(), f.dead)
 	f.mu.RUnlock()
 	head := append([]byte(snapshotMagic), snapshotVersion)
 	head = binary.AppendUvarint(head, uint64(len(state)))
@@ -86,7 +88,8 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 // Release drops the captured state.
 func (s *fsmSnapshot) Release() { s.head, s.index = nil, nil }
 
-func encodeState(applied uint64, workers map[string]workerspec.Spec, tombstones map[string]uint64, members map[string]string, cursors map[ingest.Stream]ingest.Cursor) []byte {
+func encodeState(applied uint64, workers map[string]workerspec.Spec, tombstones map[string]uint64, members map[string]string,
+	cursors map[ingest.Stream]ingest.Cursor, dead map[string]uint64) []byte {
 	b := binary.AppendUvarint(nil, applied)
 	b = binary.AppendUvarint(b, uint64(len(workers)))
 	for _, id := range slices.Sorted(maps.Keys(workers)) {
@@ -107,6 +110,11 @@ func encodeState(applied uint64, workers map[string]workerspec.Spec, tombstones 
 		c := cursors[s]
 		b = binary.AppendUvarint(appendString(b, s.Worker), uint64(s.DPRank))
 		b = binary.AppendUvarint(binary.AppendUvarint(b, c.Seq), c.Epoch)
+		b = binary.AppendUvarint(b, c.Fence)
+	}
+	b = binary.AppendUvarint(b, uint64(len(dead)))
+	for _, id := range slices.Sorted(maps.Keys(dead)) {
+		b = binary.AppendUvarint(appendString(b, id), dead[id])
 	}
 	return b
 }
@@ -122,6 +130,7 @@ type snapshotState struct {
 	tombstones map[string]uint64
 	members    map[string]string
 	cursors    map[ingest.Stream]ingest.Cursor
+	dead       map[string]uint64
 }
 
 // readSnapshot reads a snapshot, loading its index into ix. On an error ix is
@@ -170,6 +179,7 @@ func decodeState(data []byte, version uint64) (snapshotState, error) {
 		tombstones: map[string]uint64{},
 		members:    map[string]string{},
 		cursors:    map[ingest.Stream]ingest.Cursor{},
+		dead:       map[string]uint64{},
 	}
 	if version >= 2 {
 		st.applied = d.uvarint("applied index")
@@ -189,7 +199,16 @@ func decodeState(data []byte, version uint64) (snapshotState, error) {
 	}
 	for i, n := 0, d.count(5, "cursor count"); i < n && d.err == nil; i++ {
 		s := ingest.Stream{Worker: d.name("cursor worker"), DPRank: d.uint32("cursor dp rank")}
-		st.cursors[s] = ingest.Cursor{Seq: d.uvarint("cursor seq"), Epoch: d.uvarint("cursor epoch")}
+		c := ingest.Cursor{Seq: d.uvarint("cursor seq"), Epoch: d.uvarint("cursor epoch")}
+		if version >= 3 {
+			c.Fence = d.uvarint("cursor fence")
+		}
+		st.cursors[s] = c
+	}
+	if version >= 3 {
+		for i, n := 0, d.count(2, "dead worker count"); i < n && d.err == nil; i++ {
+			st.dead[d.name("dead worker id")] = d.uvarint("dead worker index")
+		}
 	}
 	if d.err == nil && len(d.data) > 0 {
 		d.fail("%d trailing bytes in the state section", len(d.data))
