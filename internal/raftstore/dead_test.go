@@ -100,7 +100,9 @@ func TestWorkerDeath(t *testing.T) {
 	}
 }
 
-func fmtOutcome(r ApplyResult) string { return fmt.Sprintf("%d/%d/%d", r.Applied, r.Fenced, r.Duplicates) }
+func fmtOutcome(r ApplyResult) string {
+	return fmt.Sprintf("%d/%d/%d", r.Applied, r.Fenced, r.Duplicates)
+}
 
 // TestSnapshotKeepsDeadWorkers: a snapshot carries the dead workers and the
 // fences, so a replica restored from it drops the same in-flight batches and
