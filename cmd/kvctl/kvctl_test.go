@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -45,7 +47,16 @@ func startIndexer(t *testing.T, prompt []uint32) string {
 	cfg.HTTPAddr, cfg.GRPCAddr, cfg.Raft.RaftAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	cfg.DataDir = t.TempDir()
 	cfg.AdminToken = "tok"
-	cfg.Ingest.Workers = []workerspec.Spec{spec}
+	// gone's engine is not there: its health endpoint refuses connections, so
+	// the indexer declares it dead (another model, so that scores leave it out).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	gone := workerspec.Spec{ID: "gone", Model: "kvctl/gone", HTTP: "http://" + ln.Addr().String()}
+	cfg.Ingest.Workers = []workerspec.Spec{spec, gone}
+	cfg.WorkerDeadAfter, cfg.WorkerHealthInterval = 200*time.Millisecond, 50*time.Millisecond
 	cfg.Ingest.DefaultBlockSize = 4
 	cfg.Ingest.IdleReplayInterval = 50 * time.Millisecond
 	cfg.Tokenizers = tokenize.Specs{{Model: model, Dir: server.BuiltinTokenizer}}
@@ -120,6 +131,24 @@ func TestCommands(t *testing.T) {
 					}
 				}
 				t.Errorf("no row for eng:\n%s", out)
+			}},
+		{name: "workers shows a dead worker", args: []string{"workers", "--model", "kvctl/gone"}, code: 0, stdout: []string{"gone"},
+			check: func(t *testing.T, out string) {
+				// The leader declares gone dead after 200 ms of failed probes: ask until it shows.
+				for deadline := time.Now().Add(30 * time.Second); ; {
+					for _, line := range strings.Split(out, "\n") {
+						if f := strings.Fields(line); len(f) > 4 && f[0] == "gone" && f[4] == "dead" {
+							return
+						}
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("gone never showed as dead:\n%s", out)
+					}
+					time.Sleep(20 * time.Millisecond)
+					var stdout bytes.Buffer
+					run(context.Background(), []string{"workers", "--model", "kvctl/gone"}, &stdout, io.Discard, lookup)
+					out = stdout.String()
+				}
 			}},
 		{name: "workers json", args: []string{"workers", "--output", "json"}, code: 0, stdout: []string{`"id": "eng"`, `"gpu_blocks": "6"`}},
 		{name: "cluster", args: []string{"cluster"}, code: 0, stdout: []string{"leader kvctl-node", "kvctl-node*", "voter", "DIGEST@APPLIED"}},

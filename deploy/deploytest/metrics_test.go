@@ -103,10 +103,10 @@ func liveMetrics(t *testing.T) map[string]bool {
 }
 
 // faultOnly are labelled series that appear in /metrics only after their first
-// fault (a retry, a 429, a reset, a bad frame); they are checked against the
+// fault (a retry, a 429, a reset, a bad frame, a dead worker); they are checked against the
 // names the binaries' sources declare instead, which declared() reads.
 var faultOnly = []string{"kvindex_router_retries_total", "kvindex_router_rejected_total", "kvindex_ingest_resets_total",
-	"kvindex_ingest_decode_errors_total"}
+	"kvindex_ingest_decode_errors_total", "kvindex_worker_dead"}
 
 // declared reports whether name is declared as a metric name in the sources of
 // the packages that register the binaries' metrics.

@@ -214,7 +214,7 @@ func (s *streamRunner) checkFence() {
 	c, _ := s.env.cursors.Cursor(s.key)
 	s.fence = c.Fence
 	s.tr.Fresh(c.Epoch)
-	s.started, s.caughtUp, s.fresh = false, false, true
+	s.started, s.fresh = false, true
 	s.setState(StateConnecting)
 	s.updateStats()
 	s.log.Info("the worker was declared dead and its blocks dropped: its stream starts afresh", "fence", c.Fence)

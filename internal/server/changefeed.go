@@ -18,7 +18,8 @@ import (
 //	res := applier.Apply(batch)
 //	feed.Commit(p, ix, index, res.Applied)
 //
-// WorkerRemoved after removing a worker, and WorkersChanged with the registry
+// WorkerRemoved after removing a worker, WorkerDead after a worker was declared
+// dead, and WorkersChanged with the registry
 // whenever it changes. While nobody watches, Prepare returns nil at the cost of
 // one atomic load and Commit does nothing; while somebody does, each stored or
 // removed block costs a walk to the root of the index (O(depth)) to compute its
@@ -187,6 +188,19 @@ func (f *ChangeFeed) WorkerRemoved(worker string, index uint64) {
 		return
 	}
 	f.fan.publish([]*kvindexv1.IndexChange{{Worker: worker, Model: f.model(worker), Kind: kvindexv1.ChangeKind_CHANGE_KIND_WORKER_REMOVED}}, index)
+}
+
+// WorkerDead publishes, at index, that worker's ranks lost their blocks: the
+// worker was declared dead (CLEARED per rank that held a position).
+func (f *ChangeFeed) WorkerDead(worker string, ranks []uint32, index uint64) {
+	if !f.fan.recording(index) {
+		return
+	}
+	out := make([]*kvindexv1.IndexChange, len(ranks))
+	for i, r := range ranks {
+		out[i] = f.change(ingest.Stream{Worker: worker, DPRank: r}, kvindexv1.ChangeKind_CHANGE_KIND_CLEARED, 0, 0)
+	}
+	f.fan.publish(out, index)
 }
 
 // change starts a change of stream s; ns and tier matter for STORED and REMOVED.

@@ -97,6 +97,10 @@ type Config struct {
 	ReadyMaxLag int
 	// WatchBuffer is how many batches of changes a Watch stream may fall behind.
 	WatchBuffer int
+	// WorkerDeadAfter: a worker whose health endpoint (its HTTP URL + /health)
+	// failed every probe for this long is declared dead (0: never; health.go);
+	// WorkerHealthInterval is how often the leader probes.
+	WorkerDeadAfter, WorkerHealthInterval time.Duration
 	LogLevel    string
 	LogFormat   string
 	// Ingest holds --kv-event-transport, --worker, --workers-file, --zmq-bind,
@@ -130,6 +134,8 @@ func DefaultConfig() Config {
 		LedgerLease:              10 * time.Second,
 		LedgerPushInterval:       15 * time.Millisecond,
 		LedgerMaxRouters:         256,
+		WorkerDeadAfter:          DefaultWorkerDeadAfter,
+		WorkerHealthInterval:     DefaultWorkerHealthInterval,
 		LogLevel:                 "info",
 		LogFormat:                "text",
 		Ingest:                   ingest.DefaultManagerConfig(),
@@ -180,6 +186,10 @@ func (c *Config) Validate() error {
 		return invalid("--ledger-push-interval=%s must be positive", c.LedgerPushInterval)
 	case c.LedgerMaxRouters < 1:
 		return invalid("--ledger-max-routers=%d must be at least 1", c.LedgerMaxRouters)
+	case c.WorkerDeadAfter < 0:
+		return invalid("--worker-dead-after=%s must not be negative (0 disables)", c.WorkerDeadAfter)
+	case c.WorkerDeadAfter > 0 && (c.WorkerHealthInterval <= 0 || c.WorkerHealthInterval > c.WorkerDeadAfter):
+		return invalid("--worker-health-interval=%s must be positive and at most --worker-dead-after=%s", c.WorkerHealthInterval, c.WorkerDeadAfter)
 	case c.FallbackTokenizer != "" && c.FallbackTokenizer != BuiltinTokenizer:
 		return invalid("--fallback-tokenizer=%q must be empty or %q", c.FallbackTokenizer, BuiltinTokenizer)
 	}
@@ -320,6 +330,8 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.StringVar(&cfg.FallbackTokenizer, "fallback-tokenizer", cfg.FallbackTokenizer, "tokenizer for models without --tokenizer: \"builtin\" or empty (text for such models is refused)")
 	fs.IntVar(&cfg.ReadyMaxLag, "ready-max-lag", cfg.ReadyMaxLag, "committed log entries a node may have left to apply and still answer /readyz 200 (a follower also needs recent contact with the leader and the leader's commit index)")
 	fs.IntVar(&cfg.WatchBuffer, "watch-buffer", cfg.WatchBuffer, "batches of changes a Watch stream may fall behind before it is ended, and the recent batches kept for Watch streams that resume")
+	fs.DurationVar(&cfg.WorkerDeadAfter, "worker-dead-after", cfg.WorkerDeadAfter, "declare a worker with an http URL dead once GET <http>/health has failed (no 2xx within 2s) for this long: its blocks are dropped on every member and it is not scored until it answers or publishes again (0: never; the leader probes)")
+	fs.DurationVar(&cfg.WorkerHealthInterval, "worker-health-interval", cfg.WorkerHealthInterval, "how often the leader probes each worker's health endpoint (at most --worker-dead-after)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 

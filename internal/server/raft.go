@@ -29,6 +29,7 @@ import (
 type raftBackend struct {
 	node   *raftstore.Node // set by New before the backend serves
 	ingest *ingest.Manager
+	health *healthProber // nil when --worker-dead-after is 0
 	feed   *ChangeFeed
 	peers  *peers
 	log    *slog.Logger
@@ -114,9 +115,11 @@ func (b *raftBackend) Linearizable(ctx context.Context) error {
 
 // Workers lists the replicated registry with each stream's replicated cursor.
 // Only the leader follows the engines, so only the leader reports their
-// connection state; followers leave it unspecified.
+// connection state; followers leave it unspecified, except for dead workers,
+// which every replica knows (the state is replicated).
 func (b *raftBackend) Workers(context.Context) ([]WorkerStatus, error) {
 	specs := b.node.Workers()
+	dead := b.node.DeadWorkers()
 	ranks := map[string][]RankStatus{}
 	for s, c := range b.node.Applier().Cursors() {
 		ranks[s.Worker] = append(ranks[s.Worker], RankStatus{DPRank: s.DPRank, LastSeq: c.Seq})
@@ -136,6 +139,9 @@ func (b *raftBackend) Workers(context.Context) ([]WorkerStatus, error) {
 		if leading {
 			out[i].State = workerState(true, streams[spec.ID])
 			out[i].Streams = streams[spec.ID]
+		}
+		if _, ok := dead[spec.ID]; ok {
+			out[i].State = kvindexv1.WorkerState_WORKER_STATE_DEAD
 		}
 	}
 	return out, nil
@@ -360,6 +366,10 @@ func (b *raftBackend) afterBatch(index uint64, _ *ingest.StreamBatch, outcome ra
 
 func (b *raftBackend) workerRemoved(index uint64, id string) { b.feed.WorkerRemoved(id, index) }
 
+func (b *raftBackend) workerDead(index uint64, id string, ranks []uint32) {
+	b.feed.WorkerDead(id, ranks, index)
+}
+
 func (b *raftBackend) workersChanged(list []workerspec.Spec) {
 	b.feed.WorkersChanged(list)
 	if f := b.onRegistry.Load(); f != nil {
@@ -455,6 +465,13 @@ func (b *raftBackend) runIngest(ctx context.Context, fail func(string, error)) {
 	b.node.RunWhileLeader(ctx, func(lctx context.Context) {
 		b.publishWorkers(lctx)
 		var wg sync.WaitGroup
+		if b.health != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				b.health.run(lctx)
+			}()
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

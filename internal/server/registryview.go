@@ -8,10 +8,16 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 )
 
 // registryView is a read-only copy of the worker registry arranged for
-// scoring: who serves which model with which block size.
+// scoring: who serves which model with which block size. Dead workers
+// (WORKER_STATE_DEAD) are in byID, so that a request naming one gets it
+// with zero matches, but not among their model's workers, so that requests
+// listing every worker of a model leave them out; their block size still
+// counts for the model's.
 type registryView struct {
 	built   time.Time
 	byID    map[string]*viewWorker
@@ -22,6 +28,7 @@ type viewWorker struct {
 	id, model string
 	blockSize int    // effective: the spec's, else --block-size; 0 when unknown
 	ranks     uint32 // dp ranks
+	dead      bool
 }
 
 type modelView struct {
@@ -106,14 +113,17 @@ func (c *viewCache) get(ctx context.Context) (*registryView, error) {
 	}
 	v := &registryView{built: time.Now(), byID: map[string]*viewWorker{}, byModel: map[string]*modelView{}}
 	for _, ws := range workers {
-		w := &viewWorker{id: ws.Spec.ID, model: ws.Spec.Model, blockSize: cmp.Or(ws.Spec.BlockSize, c.defaultBlockSize), ranks: ws.Spec.Ranks()}
+		w := &viewWorker{id: ws.Spec.ID, model: ws.Spec.Model, blockSize: cmp.Or(ws.Spec.BlockSize, c.defaultBlockSize), ranks: ws.Spec.Ranks(),
+			dead: ws.State == kvindexv1.WorkerState_WORKER_STATE_DEAD}
 		v.byID[w.id] = w
 		mv := v.byModel[w.model]
 		if mv == nil {
 			mv = &modelView{}
 			v.byModel[w.model] = mv
 		}
-		mv.workers = append(mv.workers, w)
+		if !w.dead {
+			mv.workers = append(mv.workers, w)
+		}
 		if w.blockSize > 0 && !slices.Contains(mv.blockSizes, w.blockSize) {
 			mv.blockSizes = append(mv.blockSizes, w.blockSize)
 		}

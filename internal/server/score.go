@@ -130,7 +130,8 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 			w := view.byID[id]
 			if w == nil {
 				w = &viewWorker{id: id} // unknown: scores zero, reports no ranks
-			} else if w.model == q.model && (w.blockSize == 0 || w.blockSize == bs) {
+			} else if !w.dead && w.model == q.model && (w.blockSize == 0 || w.blockSize == bs) {
+				// A dead worker holds no block; named, it is reported with zero.
 				filter = append(filter, id)
 			}
 			cands[i] = w

@@ -115,6 +115,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 		}
 	}
 	rc.OnWorkerRemoved = s.backend.workerRemoved
+	rc.OnWorkerDead = s.backend.workerDead
 	raftServer, raftClient, err := cfg.raftTLS()
 	if err != nil {
 		return nil, err
@@ -138,6 +139,10 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 			return nil, err
 		}
 	}
+	if s.backend.health, err = newHealthProber(s.node, cfg.WorkerDeadAfter, cfg.WorkerHealthInterval, logger, s.reg); err != nil {
+		return nil, err
+	}
+	s.reg.MustRegister(deadCollector{s.node})
 	s.backend.digests = digests{copyIndex: s.node.IndexCopy, applied: s.node.AppliedIndex, interval: minDigestInterval}
 	s.backend.index.Store(s.node.Index())
 	s.api, err = NewAPI(s.backend, APIConfig{

@@ -277,6 +277,8 @@ func stateJSON(s kvindexv1.WorkerState) string {
 		return "live"
 	case kvindexv1.WorkerState_WORKER_STATE_REPLAYING:
 		return "replaying"
+	case kvindexv1.WorkerState_WORKER_STATE_DEAD:
+		return "dead"
 	}
 	return "unknown"
 }

@@ -93,6 +93,11 @@ const (
 	// The stream broke and could not be repaired; the worker's blocks were dropped
 	// and it scores zero until events flow again.
 	WorkerState_WORKER_STATE_DISCONNECTED WorkerState = 4
+	// The worker's health endpoint (WorkerSpec.http_endpoint + "/health") failed
+	// for the indexer's --worker-dead-after: its blocks were dropped on every
+	// replica and it is left out of scoring until it answers again or publishes a
+	// fresh event stream. Reported by every replica (the state is replicated).
+	WorkerState_WORKER_STATE_DEAD WorkerState = 5
 )
 
 // Enum value maps for WorkerState.
@@ -103,6 +108,7 @@ var (
 		2: "WORKER_STATE_LIVE",
 		3: "WORKER_STATE_REPLAYING",
 		4: "WORKER_STATE_DISCONNECTED",
+		5: "WORKER_STATE_DEAD",
 	}
 	WorkerState_value = map[string]int32{
 		"WORKER_STATE_UNSPECIFIED":  0,
@@ -110,6 +116,7 @@ var (
 		"WORKER_STATE_LIVE":         2,
 		"WORKER_STATE_REPLAYING":    3,
 		"WORKER_STATE_DISCONNECTED": 4,
+		"WORKER_STATE_DEAD":         5,
 	}
 )
 
@@ -530,13 +537,14 @@ const file_kvindex_v1_worker_proto_rawDesc = "" +
 	"\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16WORKER_ROLE_AGGREGATED\x10\x01\x12\x17\n" +
 	"\x13WORKER_ROLE_PREFILL\x10\x02\x12\x16\n" +
-	"\x12WORKER_ROLE_DECODE\x10\x03*\x9a\x01\n" +
+	"\x12WORKER_ROLE_DECODE\x10\x03*\xb1\x01\n" +
 	"\vWorkerState\x12\x1c\n" +
 	"\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17WORKER_STATE_CONNECTING\x10\x01\x12\x15\n" +
 	"\x11WORKER_STATE_LIVE\x10\x02\x12\x1a\n" +
 	"\x16WORKER_STATE_REPLAYING\x10\x03\x12\x1d\n" +
-	"\x19WORKER_STATE_DISCONNECTED\x10\x04B;Z9github.com/kvindex/kvindex/api/proto/kvindex/v1;kvindexv1b\x06proto3"
+	"\x19WORKER_STATE_DISCONNECTED\x10\x04\x12\x15\n" +
+	"\x11WORKER_STATE_DEAD\x10\x05B;Z9github.com/kvindex/kvindex/api/proto/kvindex/v1;kvindexv1b\x06proto3"
 
 var (
 	file_kvindex_v1_worker_proto_rawDescOnce sync.Once
