@@ -101,8 +101,9 @@ type Config struct {
 	// failed every probe for this long is declared dead (0: never; health.go);
 	// WorkerHealthInterval is how often the leader probes.
 	WorkerDeadAfter, WorkerHealthInterval time.Duration
-	LogLevel                              string
-	LogFormat                             string
+
+	LogLevel  string
+	LogFormat string
 	// Ingest holds --kv-event-transport, --worker, --workers-file, --zmq-bind,
 	// --nats-url, --nats-subject-prefix, --block-size and the ingest tuning flags.
 	Ingest ingest.ManagerConfig
