@@ -42,6 +42,13 @@
 //		// then: if a := tr.FinishReplay(); a.Applies() { submit the held batch, Reset: a.Clears() }
 //	} // ActionDuplicate: drop it
 //
+// A stream whose worker was declared dead is fenced by the index (Cursor.Fence,
+// Applier.FenceWorker): its blocks are gone and the Applier takes only a batch
+// that starts a fresh stream. When a stream's runner sees a fence it has not
+// acted on (before each batch and when idle), it calls Tracker.Fresh: the next
+// batch, whatever its seq, clears the worker in a new epoch, as a restart, after
+// a catch-up replay as for a stream the index does not know.
+//
 // # Pipeline
 //
 // A Manager keeps a registry of workers (workerspec.Spec: --worker flags, the

@@ -7,8 +7,9 @@
 // # State machine
 //
 // The replicated state is an ingest.Applier over a radix.Index (the index and each
-// stream's cursor), the worker registry, the ids of recently unregistered workers,
-// and the members' gRPC addresses. Log entries are in a compact binary format
+// stream's cursor, with its fence), the worker registry, the workers declared dead
+// (dead.go), the ids of recently unregistered workers, and the members' gRPC
+// addresses. Log entries are in a compact binary format
 // (entry.go) with a version byte and a type byte; a type unknown to this version is
 // skipped when the entry is marked ignorable, and otherwise stops the state machine
 // (ErrFSMStopped): the node shuts down loudly rather than diverge. Apply is
@@ -42,7 +43,7 @@
 //
 // Node's methods are safe for concurrent use. raft applies entries on one
 // goroutine; Index(), Applier().Cursor, Workers and Cluster may run beside it.
-// Config.OnWorkersChanged, OnBatch, BeforeBatch and OnWorkerRemoved run on the
+// Config.OnWorkersChanged, OnBatch, BeforeBatch, OnWorkerRemoved and OnWorkerDead run on the
 // apply goroutine and must not call back into the Node. A RunWhileLeader function must return soon after
 // its context ends: the next leader session, and Shutdown, wait for it.
 //

@@ -340,7 +340,7 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 		func(v string) error { in.Transport = ingest.Transport(v); return nil })
 	fs.Var(&workerFlag{list: &in.Workers, replaceOld: replaceLists}, "worker",
 		"a worker to dial, repeatable, as `k=v,...`: id=w1,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,model=M,block-size=16,dp-size=2 (also topic, http, role, label.<k>)")
-	fs.StringVar(&in.WorkersFile, "workers-file", in.WorkersFile, "YAML `file` of workers (workers: [{id, model, endpoint, replay, block-size, dp-size, topic}]), re-read when it changes")
+	fs.StringVar(&in.WorkersFile, "workers-file", in.WorkersFile, "YAML `file` of workers (workers: [{id, model, endpoint, replay, block-size, dp-size, topic, http}]), re-read when it changes")
 	fs.StringVar(&in.ZMQBind, "zmq-bind", in.ZMQBind, "bind a SUB socket engines connect to, e.g. tcp://*:5557; the worker and model come from the topic kv@<pod>@<model>. Every member of a cluster binds; one that does not lead forwards what it receives to the leader")
 	fs.StringVar(&in.BindReplayPattern, "bind-replay-pattern", in.BindReplayPattern, "replay `endpoint` of workers discovered on --zmq-bind, with {pod} the pod of their kv@<pod>@<model> topic, e.g. tcp://{pod}.engines.ns.svc:5558 (+dp rank); it must match --discover-replay-allow. Empty: such workers have no replay unless registered with one")
 	fs.StringVar(&in.NATSURL, "nats-url", in.NATSURL, "NATS server `url` (with --kv-event-transport nats)")

@@ -27,7 +27,8 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 	}
 	if cfg.GRPCAddr != "127.0.0.1:7070" || cfg.HTTPAddr != "127.0.0.1:7080" || cfg.Raft.RaftAddr != "127.0.0.1:7090" ||
 		cfg.Join != "" || cfg.Ingest.Transport != ingest.TransportZMQ ||
-		cfg.Ingest.NATSSubjectPrefix != "kv.events" || cfg.Ingest.DefaultBlockSize != 16 {
+		cfg.Ingest.NATSSubjectPrefix != "kv.events" || cfg.Ingest.DefaultBlockSize != 16 ||
+		cfg.WorkerDeadAfter != 30*time.Second || cfg.WorkerHealthInterval != 5*time.Second {
 		t.Errorf("defaults = %+v", cfg)
 	}
 	var help bytes.Buffer
@@ -38,7 +39,7 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 		"kv-event-transport", "nats-url", "nats-subject-prefix", "block-size", "max-body-bytes", "config",
 		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "insecure-no-admin-token", "raft-tls-ca", "raft-tls-cert", "raft-tls-key",
 		"http-read-timeout", "http-write-timeout", "max-discovered-workers", "discover-allow", "discover-replay-allow", "bind-replay-pattern", "ready-max-lag", "http-idle-timeout", "grpc-max-concurrent-streams", "max-watch-streams", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
-		"raft-addr", "raft-advertise", "grpc-advertise", "bootstrap", "join", "raft-batch-max-events", "raft-batch-max-wait",
+		"worker-dead-after", "worker-health-interval", "raft-addr", "raft-advertise", "grpc-advertise", "bootstrap", "join", "raft-batch-max-events", "raft-batch-max-wait",
 		"raft-snapshot-threshold", "raft-trailing-logs"} {
 		if !strings.Contains(help.String(), "--"+name+" ") {
 			t.Errorf("--help does not document --%s", name)
@@ -151,6 +152,9 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{[]string{"--discover-allow", "pod-["}, nil, "--discover-allow pattern \"pod-[\""},
 		{[]string{"--discover-replay-allow", "nats://*"}, nil, "must start with tcp://"},
 		{[]string{"--grpc-max-concurrent-streams", "0"}, nil, "--grpc-max-concurrent-streams=0"},
+		{[]string{"--worker-dead-after", "-1s"}, nil, "--worker-dead-after=-1s"},
+		{[]string{"--worker-health-interval", "0s"}, nil, "--worker-health-interval=0s"},
+		{[]string{"--worker-dead-after", "10s", "--worker-health-interval", "20s"}, nil, "at most --worker-dead-after=10s"},
 		{nil, map[string]string{"KVINDEX_BLOCK_SIZE": "many"}, "KVINDEX_BLOCK_SIZE"},
 		{[]string{"--config", write("unknown.yaml", "colour: red\n")}, nil, `unknown key "colour"`},
 		{[]string{"--config", write("list.yaml", "node-id: [a, b]\n")}, nil, "node-id takes one value"},

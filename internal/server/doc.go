@@ -28,6 +28,11 @@
 // them. The ChangeFeed (watch.go) turns applied batches into the Watch stream:
 // raft's apply hooks call its Prepare and Commit around every batch.
 //
+// The leader also probes each worker's health endpoint (health.go) and declares
+// a worker that stays unhealthy for --worker-dead-after dead through the log:
+// every replica drops its blocks, reports it dead and leaves it out of scoring
+// (registryview.go).
+//
 // Ingest runs on the leader only, in connect mode and in bind mode alike. In
 // bind mode every member binds --zmq-bind for its whole life; a member that does
 // not lead forwards the frames to the leader (forward.go: a bounded queue and
@@ -41,9 +46,9 @@
 // # Concurrency
 //
 // A Server is built by New and run once by Run, which owns its goroutines
-// (ingest while leading, the bind socket and its forwarder, registry mirror,
-// join, HTTP, gRPC, health) and returns
-// after all of them stopped. API, Backend implementations and ChangeFeed
+// (ingest and the worker health probe while leading, the bind socket and its
+// forwarder, registry mirror, join, HTTP, gRPC, health) and returns after all
+// of them stopped. API, Backend implementations and ChangeFeed
 // subscriptions are safe for concurrent use; ChangeFeed.Prepare/Commit/
 // WorkerRemoved and the other apply hooks run on raft's apply goroutine only and
 // never block (a watcher that falls behind is ended).
