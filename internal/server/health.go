@@ -84,7 +84,8 @@ func newHealthProber(node *raftstore.Node, deadAfter, interval time.Duration, lo
 		node: node, interval: interval, deadAfter: deadAfter, log: log,
 		client: &http.Client{
 			Timeout:   maxHealthProbeTimeout,
-			Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: 2 * interval, Proxy: http.ProxyFromEnvironment},
+			// Engines are dialled directly (no HTTP_PROXY), as the router does.
+			Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: 2 * interval},
 			// A health endpoint that redirects is not one.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
