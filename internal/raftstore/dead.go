@@ -14,51 +14,37 @@ import (
 // (a batch with Reset gets through the fence: applyBatches), and ingest starts
 // each fenced stream afresh (no gap, no stale block) when it sees the fence.
 
-// markDead declares a registered worker dead at log index index: its blocks
-// leave the index and its streams are fenced (ingest.Applier.FenceWorker), so
-// that only a fresh stream brings blocks back. A worker already dead stays as
-// it is (the leader may propose twice around an election).
-func (f *fsm) markDead(id string, index uint64) error {
+// setDead declares a registered worker dead at log index index (dead), or
+// ends its death (!dead: its health endpoint answers again). A death drops the
+// worker's blocks and fences its streams (ingest.Applier.FenceWorker), so that
+// only a fresh stream brings blocks back; its end leaves the fences, which each
+// stream lifts by starting afresh. A worker already in the state asked for
+// stays as it is (the leader may propose twice around an election).
+func (f *fsm) setDead(id string, index uint64, dead bool) error {
 	f.mu.Lock()
 	_, registered := f.workers[id]
-	_, dead := f.dead[id]
+	_, wasDead := f.dead[id]
 	switch {
 	case !registered:
 		f.mu.Unlock()
 		return fmt.Errorf("%w: %q", ErrUnknownWorker, id)
+	case wasDead == dead:
+		f.mu.Unlock()
+		return nil
 	case dead:
-		f.mu.Unlock()
-		return nil
+		f.dead[id] = index
+	default:
+		delete(f.dead, id)
 	}
-	f.dead[id] = index
 	list := f.workerListLocked()
 	f.mu.Unlock()
-	ranks := f.applier.FenceWorker(id, index)
-	f.metrics.workerDeaths.Inc()
-	if f.onDead != nil {
-		f.onDead(index, id, ranks)
+	if dead {
+		ranks := f.applier.FenceWorker(id, index)
+		f.metrics.workerDeaths.Inc()
+		if f.onDead != nil {
+			f.onDead(index, id, ranks)
+		}
 	}
-	f.notifyWorkers(list)
-	return nil
-}
-
-// markAlive ends a registered worker's death: its health endpoint answers
-// again. Its streams stay fenced until each starts afresh.
-func (f *fsm) markAlive(id string) error {
-	f.mu.Lock()
-	_, registered := f.workers[id]
-	_, dead := f.dead[id]
-	switch {
-	case !registered:
-		f.mu.Unlock()
-		return fmt.Errorf("%w: %q", ErrUnknownWorker, id)
-	case !dead:
-		f.mu.Unlock()
-		return nil
-	}
-	delete(f.dead, id)
-	list := f.workerListLocked()
-	f.mu.Unlock()
 	f.notifyWorkers(list)
 	return nil
 }

@@ -194,9 +194,9 @@ func (f *fsm) Apply(l *raft.Log) any {
 	case EntryReplaceWorker:
 		res.Err = f.replace(e.Expected, e.Worker)
 	case EntryWorkerDead:
-		res.Err = f.markDead(e.ID, l.Index)
+		res.Err = f.setDead(e.ID, l.Index, true)
 	case EntryWorkerAlive:
-		res.Err = f.markAlive(e.ID)
+		res.Err = f.setDead(e.ID, l.Index, false)
 	case EntryMemberAddr:
 		f.mu.Lock()
 		f.members[e.ID] = e.GRPCAddr
