@@ -243,13 +243,21 @@ func (f *fleetLedger) session(ctx context.Context, addr string) error {
 			continue
 		}
 		if err := send(&kvindexv1.ReportRequest{RouterId: f.id, Loads: loads, Predicted: pred, Sessions: sess}); err != nil {
-			return recvErr(stream, err)
+			if !errors.Is(err, io.EOF) {
+				return err
+			}
+			// The stream ended: the receiving goroutine's Recv returns its real
+			// error (recvErr's second Recv would race with it).
+			err = <-recvDone
+			recvDone <- err // for the deferred wait
+			return err
 		}
 		sent = now
 	}
 }
 
-// recvErr is the stream's real error after a failed Send (which only says EOF).
+// recvErr is the stream's real error after a failed Send (which only says EOF),
+// while nothing else receives on the stream.
 func recvErr(stream kvindexv1.LoadService_ReportClient, err error) error {
 	if errors.Is(err, io.EOF) {
 		if _, rerr := stream.Recv(); rerr != nil {
