@@ -24,6 +24,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	dto "github.com/prometheus/client_model/go"
+
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
@@ -348,8 +350,10 @@ func counter(t *testing.T, srv *Server, name string) float64 {
 	return 0
 }
 
-// labeled sums the series of a metric of srv whose label has value.
-func labeled(t *testing.T, srv *Server, name, label, value string) float64 {
+// labeled sums the series of a counter or gauge of srv whose labels include
+// the given name, value pairs (every series when none is given; 0 when none
+// matches).
+func labeled(t *testing.T, srv *Server, name string, labels ...string) float64 {
 	t.Helper()
 	families, err := srv.reg.Gather()
 	if err != nil {
@@ -360,12 +364,14 @@ func labeled(t *testing.T, srv *Server, name, label, value string) float64 {
 		if f.GetName() != name {
 			continue
 		}
+	series:
 		for _, m := range f.Metric {
-			for _, l := range m.Label {
-				if l.GetName() == label && l.GetValue() == value {
-					sum += m.GetCounter().GetValue()
+			for i := 0; i+1 < len(labels); i += 2 {
+				if !slices.ContainsFunc(m.Label, func(l *dto.LabelPair) bool { return l.GetName() == labels[i] && l.GetValue() == labels[i+1] }) {
+					continue series
 				}
 			}
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() // a series is one or the other
 		}
 	}
 	return sum

@@ -83,7 +83,7 @@ func newHealthProber(node *raftstore.Node, deadAfter, interval time.Duration, lo
 	p := &healthProber{
 		node: node, interval: interval, deadAfter: deadAfter, log: log,
 		client: &http.Client{
-			Timeout:   maxHealthProbeTimeout,
+			Timeout: maxHealthProbeTimeout,
 			// Engines are dialled directly (no HTTP_PROXY), as the router does.
 			Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: 2 * interval},
 			// A health endpoint that redirects is not one.

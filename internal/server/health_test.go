@@ -17,8 +17,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
-	dto "github.com/prometheus/client_model/go"
-
 	indexerv1 "github.com/kvindex/kvindex/api/proto/indexer/v1"
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/bench/fakeengine"
@@ -317,7 +315,7 @@ func TestDeadWorker(t *testing.T) {
 	for name := range f.engines {
 		node.waitScored(t, name, oldPrompt, oldText)
 	}
-	gapsBefore := labeledCounter(t, f.srv, "kvindex_ingest_gaps_total", "worker", "e0")
+	gapsBefore := labeled(t, f.srv, "kvindex_ingest_gaps_total", "worker", "e0")
 
 	// One failed probe, and healthy ones after it: e1 lives.
 	deadline := time.Now().Add(30 * time.Second)
@@ -357,7 +355,7 @@ func TestDeadWorker(t *testing.T) {
 			t.Errorf("console: %s is %q", w.ID, w.State)
 		}
 	}
-	if got := labeledGauge(t, f.srv, "kvindex_worker_dead", "worker", "e0"); got != 1 {
+	if got := labeled(t, f.srv, "kvindex_worker_dead", "worker", "e0"); got != 1 {
 		t.Errorf("kvindex_worker_dead{worker=e0} = %v, want 1", got)
 	}
 	if got := counter(t, f.srv, "kvindex_worker_deaths_total"); got != 1 {
@@ -379,10 +377,10 @@ func TestDeadWorker(t *testing.T) {
 		t.Errorf("restarted e0 scores %d blocks of the old process's prompt, want 0", got)
 	}
 	fakeenginetest.AssertIndexHoldsTruth(t, f.srv.Index(), f.engines)
-	if got := labeledCounter(t, f.srv, "kvindex_ingest_gaps_total", "worker", "e0"); got != gapsBefore {
+	if got := labeled(t, f.srv, "kvindex_ingest_gaps_total", "worker", "e0"); got != gapsBefore {
 		t.Errorf("gaps of e0 went from %v to %v: a fresh stream counts none", gapsBefore, got)
 	}
-	if got := labeledCounter(t, f.srv, "kvindex_ingest_resets_total", "worker", "e0", "reason", "dead"); got != 1 {
+	if got := labeled(t, f.srv, "kvindex_ingest_resets_total", "worker", "e0", "reason", "dead"); got != 1 {
 		t.Errorf("kvindex_ingest_resets_total{worker=e0,reason=dead} = %v, want 1 (the fresh stream's start)", got)
 	}
 }
@@ -432,8 +430,8 @@ func TestDeadWorkerInCluster(t *testing.T) {
 		}
 		n.assertNotScored(t, "e0", oldPrompt, oldText)
 		// Followers that never led never probed.
-		if sumCounter(t, n.srv, "kvindex_raft_leader_sessions_total") == 0 {
-			if got := sumCounter(t, n.srv, "kvindex_worker_health_probes_total"); got != 0 {
+		if labeled(t, n.srv, "kvindex_raft_leader_sessions_total") == 0 {
+			if got := labeled(t, n.srv, "kvindex_worker_health_probes_total"); got != 0 {
 				t.Errorf("%s never led but probed %v times", n.name, got)
 			}
 		}
@@ -457,50 +455,4 @@ func TestDeadWorkerInCluster(t *testing.T) {
 		fakeenginetest.AssertIndexHoldsTruth(t, n.srv.Index(), engines)
 	}
 	checkClusterDigests(t, c.live())
-}
-
-// labeledCounter reads the counter of srv's registry whose labels include
-// the given name/value pairs (0 when none has been counted).
-func labeledCounter(t *testing.T, srv *Server, name string, labels ...string) float64 {
-	t.Helper()
-	return labeledValue(t, srv, name, labels, func(m *dto.Metric) float64 { return m.GetCounter().GetValue() })
-}
-
-func labeledGauge(t *testing.T, srv *Server, name string, labels ...string) float64 {
-	t.Helper()
-	return labeledValue(t, srv, name, labels, func(m *dto.Metric) float64 { return m.GetGauge().GetValue() })
-}
-
-// sumCounter sums a counter over all its label values (0 when absent).
-func sumCounter(t *testing.T, srv *Server, name string) float64 {
-	t.Helper()
-	return labeledValue(t, srv, name, nil, func(m *dto.Metric) float64 { return m.GetCounter().GetValue() })
-}
-
-func labeledValue(t *testing.T, srv *Server, name string, labels []string, value func(*dto.Metric) float64) float64 {
-	t.Helper()
-	families, err := srv.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.Metric {
-			have := map[string]string{}
-			for _, l := range m.Label {
-				have[l.GetName()] = l.GetValue()
-			}
-			match := true
-			for i := 0; i+1 < len(labels); i += 2 {
-				match = match && have[labels[i]] == labels[i+1]
-			}
-			if match {
-				sum += value(m)
-			}
-		}
-	}
-	return sum
 }
