@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/internal/workerspec"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -240,4 +241,81 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkDecideFleetSize measures one kv-aware decision (candidates, the
+// indexer's answer, overlays, loads, the pick and the reservation) as the fleet
+// grows: 8, 100 and 1,000 workers, all served by one fake engine's HTTP (only the
+// first is the engine's event stream, so the indexer knows its blocks), with a
+// request in flight on a quarter of them so the ledger has load to read.
+//
+//	go test -run '^$' -bench DecideFleetSize -benchtime 3000x ./internal/router
+func BenchmarkDecideFleetSize(b *testing.B) {
+	for _, n := range []int{8, 100, 1000} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			f := startFleet(b, 1, func(_ int, c *fakeengine.Config) {
+				c.BlockSize = 16
+				c.NumGPUBlocks = 20000
+				c.MaxModelLen = 16384
+			})
+			ix := startIndexer(b, f)
+			cfg := testConfig(b, f)
+			real := cfg.Workers[0]
+			for i := 1; i < n; i++ {
+				cfg.Workers = append(cfg.Workers, workerspec.Spec{ID: fmt.Sprintf("w-%04d", i), Model: real.Model, BlockSize: real.BlockSize, HTTP: real.HTTP})
+			}
+			cfg.Indexer = []string{ix.addr}
+			cfg.IndexerTimeout = time.Second // measure the query, never the fallback
+			cfg.BlockSize = 16
+			cfg.LogLevel = "error"
+			rt := startRouter(b, cfg)
+			prefix := bytes.Repeat([]byte("a"), 2048-64)
+			if code, _, raw := post(b, rt.url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"%s warm","max_tokens":1}`, testModel, prefix)); code != http.StatusOK {
+				b.Fatalf("%d %s", code, raw)
+			}
+			ix.caughtUp(b, f)
+			ctx := context.Background()
+			decide := func(i int) *Decision {
+				body := []byte(fmt.Sprintf(`{"model":%q,"prompt":"%s unique tail %08d","max_tokens":1}`, testModel, prefix, i))
+				p, err := rt.prepare(http.Header{}, "/v1/completions", endpointCompletions, body)
+				if err != nil {
+					b.Fatal(err)
+				}
+				d, err := rt.decide(ctx, p, nil, false)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return d
+			}
+			var held []*Decision
+			for i := range n / 4 {
+				held = append(held, decide(-1-i))
+			}
+			defer func() {
+				for _, d := range held {
+					d.release()
+				}
+			}()
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := range b.N {
+				body := []byte(fmt.Sprintf(`{"model":%q,"prompt":"%s unique tail %08d","max_tokens":1}`, testModel, prefix, i))
+				p, err := rt.prepare(http.Header{}, "/v1/completions", endpointCompletions, body)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t0 := time.Now()
+				d, err := rt.decide(ctx, p, nil, false)
+				lat = append(lat, time.Since(t0))
+				if err != nil {
+					b.Fatal(err)
+				}
+				d.release()
+			}
+			b.StopTimer()
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+		})
+	}
 }

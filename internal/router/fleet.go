@@ -137,14 +137,20 @@ func (f *Fleet) setKube(specs []workerspec.Spec) {
 	f.publishLocked()
 }
 
-func (f *Fleet) setAdapters(id string, adapters map[string]bool) {
+// setAdapters records the LoRA adapters of workers (by id) and republishes the
+// fleet once if any changed.
+func (f *Fleet) setAdapters(byWorker map[string]map[string]bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if old, ok := f.adapters[id]; ok && maps.Equal(old, adapters) {
-		return
+	changed := false
+	for id, adapters := range byWorker {
+		if old, ok := f.adapters[id]; !ok || !maps.Equal(old, adapters) {
+			f.adapters[id], changed = adapters, true
+		}
 	}
-	f.adapters[id] = adapters
-	f.publishLocked()
+	if changed {
+		f.publishLocked()
+	}
 }
 
 func (f *Fleet) publishLocked() {
@@ -269,7 +275,14 @@ func (f *Fleet) pollModels(ctx context.Context, hc *http.Client, every time.Dura
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
+		// One republish per round (or per 64 workers, so a large fleet's first
+		// round shows its adapters early): publishing is linear in the fleet.
+		round := map[string]map[string]bool{}
 		for _, w := range f.Workers() {
+			if len(round) == 64 {
+				f.setAdapters(round)
+				round = map[string]map[string]bool{}
+			}
 			cards, err := fetchModels(ctx, hc, w)
 			if err != nil {
 				if ctx.Err() == nil {
@@ -283,8 +296,9 @@ func (f *Fleet) pollModels(ctx context.Context, hc *http.Client, every time.Dura
 					adapters[c.ID] = true
 				}
 			}
-			f.setAdapters(w.ID, adapters)
+			round[w.ID] = adapters
 		}
+		f.setAdapters(round)
 		select {
 		case <-ctx.Done():
 			return

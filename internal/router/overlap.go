@@ -45,7 +45,7 @@ func (s *indexSource) query(ctx context.Context, req *RouteRequest, workers []st
 	resp, err := s.client.QueryByHash(ctx, &kvindexv1.QueryByHashRequest{
 		Model: req.BaseModel, LoraName: req.LoRA, CacheSalt: req.CacheSalt,
 		BlockHashes: req.LocalKeys, HashKind: kvindexv1.BlockHashKind_BLOCK_HASH_KIND_LOCAL,
-		Workers: workers,
+		Workers: workers, MatchedOnly: true,
 	})
 	took := s.now().Sub(start)
 	if s.onResult != nil {

@@ -118,6 +118,10 @@ func (o *overlay) expireLocked(now int64) {
 
 // Match sets short[i] and long[i] to how many leading keys targets[i] holds
 // within the short and the long horizon (long may be nil when not wanted).
+//
+// Its cost is one interned-id lookup per target plus, per key, the work on the
+// targets still matching: in a large fleet few targets hold a prompt's first
+// block, so the walk down the prompt does not scale with the fleet.
 func (o *overlay) Match(keys []uint64, targets []Target, now time.Time, short, long []int) {
 	clear(short)
 	clear(long)
@@ -125,43 +129,68 @@ func (o *overlay) Match(keys []uint64, targets []Target, now time.Time, short, l
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.expireLocked(ns)
-	ids := make([]int64, len(targets)) // interned id per target, -1 when never routed to
+	if len(keys) == 0 || len(o.m[keys[0]]) == 0 {
+		return
+	}
+	type matching struct {
+		i               int    // position in targets
+		id              uint32 // interned target
+		inShort, inLong bool   // still matching within each horizon
+	}
+	var alive []matching
 	for i, t := range targets {
-		ids[i] = -1
 		if id, ok := o.ids[t]; ok {
-			ids[i] = int64(id)
+			alive = append(alive, matching{i: i, id: id, inShort: true, inLong: long != nil})
 		}
 	}
-	for depth, k := range keys {
+	var byID map[uint32]int // mark index by target, for keys routed to many targets
+	for _, k := range keys {
 		marks := o.m[k]
 		if len(marks) == 0 {
 			return
 		}
-		advanced := false
-		for i, id := range ids {
-			if id < 0 {
-				continue
+		find := func(id uint32) int {
+			for j := range marks {
+				if marks[j].t == id {
+					return j
+				}
 			}
-			inShort, inLong := short[i] == depth, long != nil && long[i] == depth
-			if !inShort && !inLong {
-				continue // dropped out of both earlier
+			return -1
+		}
+		if len(marks) > 16 && len(alive) > 16 {
+			if byID == nil {
+				byID = make(map[uint32]int, len(marks))
 			}
-			for _, m := range marks {
-				if int64(m.t) != id {
-					continue
+			clear(byID)
+			for j := range marks {
+				byID[marks[j].t] = j
+			}
+			find = func(id uint32) int {
+				if j, ok := byID[id]; ok {
+					return j
 				}
-				if inShort && m.short > ns {
-					short[i]++
-					advanced = true
-				}
-				if inLong && m.long > ns {
-					long[i]++
-					advanced = true
-				}
-				break
+				return -1
 			}
 		}
-		if !advanced {
+		kept := alive[:0]
+		for _, a := range alive {
+			j := find(a.id)
+			if j < 0 {
+				continue // dropped out of both
+			}
+			a.inShort = a.inShort && marks[j].short > ns
+			a.inLong = a.inLong && marks[j].long > ns
+			if a.inShort {
+				short[a.i]++
+			}
+			if a.inLong {
+				long[a.i]++
+			}
+			if a.inShort || a.inLong {
+				kept = append(kept, a)
+			}
+		}
+		if alive = kept; len(alive) == 0 {
 			return
 		}
 	}

@@ -2,6 +2,8 @@ package router
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -172,5 +174,67 @@ func TestOverlayShortAndLongHorizons(t *testing.T) {
 	clk.Advance(time.Second)
 	if s, l := both(); s != "[0 0]" || l != "[0 0]" || o.Len() != 0 {
 		t.Fatalf("after every long TTL: short %s long %s Len %d, want zeros", s, l, o.Len())
+	}
+}
+
+// TestOverlayMatchEqualsTheDefinition: on random histories (many targets, keys
+// shared by more targets than the lookup switches to a table for, records at
+// different times so both horizons cut), Match gives every target the length of
+// the run of leading keys it holds within each horizon, computed from the marks
+// directly.
+func TestOverlayMatchEqualsTheDefinition(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	clock := newFakeClock()
+	o := newOverlay(2*time.Second, 6*time.Second, 1<<20)
+	var targets []Target
+	for i := range 60 {
+		targets = append(targets, Target{Worker: fmt.Sprintf("w%02d", i%30), Rank: uint32(i / 30)})
+	}
+	prompt := make([]uint64, 40)
+	for i := range prompt {
+		prompt[i] = uint64(1000 + i)
+	}
+	for range 400 {
+		n := 1 + rng.IntN(len(prompt))
+		keys := slices.Clone(prompt[:n])
+		if rng.IntN(4) == 0 {
+			keys[rng.IntN(n)] = rng.Uint64() // a prompt that diverges somewhere
+		}
+		o.Record(keys, targets[rng.IntN(len(targets))], clock.Now())
+		clock.Advance(time.Duration(rng.IntN(40)) * time.Millisecond)
+	}
+	now := clock.Now()
+	want := func(tg Target, horizon func(mark) int64) int {
+		id, ok := o.ids[tg]
+		if !ok {
+			return 0
+		}
+		n := 0
+		for _, k := range prompt {
+			held := false
+			for _, m := range o.m[k] {
+				held = held || (m.t == id && horizon(m) > now.UnixNano())
+			}
+			if !held {
+				break
+			}
+			n++
+		}
+		return n
+	}
+	short, long := make([]int, len(targets)), make([]int, len(targets))
+	o.Match(prompt, targets, now, short, long)
+	nonzero := 0
+	for i, tg := range targets {
+		ws, wl := want(tg, func(m mark) int64 { return m.short }), want(tg, func(m mark) int64 { return m.long })
+		if short[i] != ws || long[i] != wl {
+			t.Errorf("%v: short %d long %d, want %d and %d", tg, short[i], long[i], ws, wl)
+		}
+		if wl > 0 {
+			nonzero++
+		}
+	}
+	if nonzero < 10 || short[0] == long[0] && slices.Equal(short, long) {
+		t.Fatalf("the history does not exercise the match (%d targets matched, short = long: %v)", nonzero, slices.Equal(short, long))
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 )
 
@@ -120,7 +119,8 @@ func (r *Router) pools(route *RouteRequest) (agg, prefill, decode *pool) {
 // left, the breaker-excluded ones come back (a probably-bad worker beats none). If
 // busy thresholds left nobody, errBusy.
 func (r *Router) candidates(p *pool, tried map[string]bool, excluded *[]Exclusion) ([]Candidate, error) {
-	var cands, broken []Candidate
+	var broken []Candidate
+	cands := make([]Candidate, 0, len(p.workers)) // one rank each, most often
 	busy := false
 	for _, w := range p.workers {
 		for rank := range w.Ranks {
@@ -216,8 +216,10 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 	}
 	d.Overlap = chosen.Overlap
 	d.Captured = chosen.Overlap.Blocks()
-	for _, c := range slices.Concat(cands, d.PrefillCandidates) {
-		d.Available = max(d.Available, c.Overlap.Blocks())
+	for _, list := range [][]Candidate{cands, d.PrefillCandidates} {
+		for i := range list {
+			d.Available = max(d.Available, list[i].Overlap.Blocks())
+		}
 	}
 	d.Source = chosen.Overlap.Source
 	if (r.cfg.Policy == PolicySession && route.SessionKey != "") || (r.cfg.Policy == PolicyPrefixHash && route.PrefixKey != "") {
@@ -327,9 +329,11 @@ func (r *Router) reserve(d *Decision, route *RouteRequest) {
 
 // candidate returns the candidate for t (zero if absent).
 func (d *Decision) candidate(t Target) Candidate {
-	for _, c := range slices.Concat(d.Candidates, d.PrefillCandidates) {
-		if c.Target() == t {
-			return c
+	for _, list := range [][]Candidate{d.Candidates, d.PrefillCandidates} {
+		for i := range list {
+			if list[i].Worker.ID == t.Worker && list[i].Rank == t.Rank {
+				return list[i]
+			}
 		}
 	}
 	return Candidate{}

@@ -198,6 +198,28 @@ func TestScoreMatchesTheEnginesTruth(t *testing.T) {
 			}
 			return viewsFromProto(resp.Scores)
 		}},
+		{name: "grpc QueryByHash matched only", prompt: tr.query, ranks: true, tiers: true, fetch: func(t *testing.T) map[string]scoreView {
+			keys := kvblock.AppendLocalHashes(nil, tr.query, 4, "")
+			ask := func(matchedOnly bool) map[string]scoreView {
+				resp, err := f.index.QueryByHash(ctx, &kvindexv1.QueryByHashRequest{Model: testModel, BlockHashes: keys,
+					HashKind: kvindexv1.BlockHashKind_BLOCK_HASH_KIND_LOCAL, Consistency: kvindexv1.Consistency_CONSISTENCY_LINEARIZABLE,
+					Workers: []string{"e0", "e1", "e2", "not-caching"}, MatchedOnly: matchedOnly})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return viewsFromProto(resp.Scores)
+			}
+			if v, ok := ask(false)["not-caching"]; !ok || v.blocks != 0 {
+				t.Fatalf("without matched_only the answer lacks the worker that matched nothing (%v, %+v)", ok, v)
+			}
+			out := ask(true)
+			for id, v := range out {
+				if v.blocks == 0 {
+					t.Errorf("matched_only answered %s, which matched no block", id)
+				}
+			}
+			return out
+		}},
 		{name: "llm-d GetPodScores", prompt: textTokens, ranks: true, fetch: func(t *testing.T) map[string]scoreView {
 			resp, err := f.llmd.GetPodScores(ctx, &indexerv1.GetPodScoresRequest{Prompt: tr.text, ModelName: testModel})
 			if err != nil {

@@ -240,6 +240,9 @@ func (s indexService) QueryByHash(ctx context.Context, req *kvindexv1.QueryByHas
 	if err != nil {
 		return nil, err
 	}
+	if req.MatchedOnly {
+		res.workers = res.workers[:res.matched()]
+	}
 	return &kvindexv1.QueryByHashResponse{
 		Model: res.model, BlockSize: uint32(res.blockSize), TotalBlocks: uint32(res.totalBlocks),
 		AppliedIndex: res.applied, Scores: res.workerScores(),

@@ -46,6 +46,15 @@ type scoreResult struct {
 	workers []workerResult
 }
 
+// matched is how many of r.workers (those first) have a matched block.
+func (r *scoreResult) matched() int {
+	n := 0
+	for n < len(r.workers) && r.workers[n].blocks > 0 {
+		n++
+	}
+	return n
+}
+
 type workerResult struct {
 	id string
 	// registered says the worker is in the registry; ranks is empty otherwise.

@@ -929,7 +929,11 @@ type QueryByHashRequest struct {
 	// Candidate worker ids; empty means every worker of the model.
 	Workers []string `protobuf:"bytes,6,rep,name=workers,proto3" json:"workers,omitempty"`
 	// Read freshness; CONSISTENCY_LOCAL when unset.
-	Consistency   Consistency `protobuf:"varint,7,opt,name=consistency,proto3,enum=kvindex.v1.Consistency" json:"consistency,omitempty"`
+	Consistency Consistency `protobuf:"varint,7,opt,name=consistency,proto3,enum=kvindex.v1.Consistency" json:"consistency,omitempty"`
+	// Answer only the workers with at least one matched block; a worker left out
+	// matched none. Keeps the answer (and its cost) small in a large fleet where
+	// few workers hold the prompt: the router sets it.
+	MatchedOnly   bool `protobuf:"varint,8,opt,name=matched_only,json=matchedOnly,proto3" json:"matched_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1013,6 +1017,13 @@ func (x *QueryByHashRequest) GetConsistency() Consistency {
 	return Consistency_CONSISTENCY_UNSPECIFIED
 }
 
+func (x *QueryByHashRequest) GetMatchedOnly() bool {
+	if x != nil {
+		return x.MatchedOnly
+	}
+	return false
+}
+
 // QueryByHashResponse has the shape of ScoreResponse.
 type QueryByHashResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1024,7 +1035,8 @@ type QueryByHashResponse struct {
 	TotalBlocks uint32 `protobuf:"varint,3,opt,name=total_blocks,json=totalBlocks,proto3" json:"total_blocks,omitempty"`
 	// Raft log index of the state the scores were computed from.
 	AppliedIndex uint64 `protobuf:"varint,4,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	// One entry per candidate worker, highest matched_blocks first, ties by worker id.
+	// One entry per candidate worker (per matching one with matched_only), highest
+	// matched_blocks first, ties by worker id.
 	Scores        []*WorkerScore `protobuf:"bytes,5,rep,name=scores,proto3" json:"scores,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1797,7 +1809,7 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\x0ematched_tokens\x18\x03 \x01(\rR\rmatchedTokens\x12,\n" +
 	"\x12gpu_matched_blocks\x18\x04 \x01(\rR\x10gpuMatchedBlocks\x12,\n" +
 	"\x12cpu_matched_blocks\x18\x05 \x01(\rR\x10cpuMatchedBlocks\x12.\n" +
-	"\x13disk_matched_blocks\x18\x06 \x01(\rR\x11diskMatchedBlocks\"\x96\x02\n" +
+	"\x13disk_matched_blocks\x18\x06 \x01(\rR\x11diskMatchedBlocks\"\xb9\x02\n" +
 	"\x12QueryByHashRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1b\n" +
 	"\tlora_name\x18\x02 \x01(\tR\bloraName\x12\x1d\n" +
@@ -1806,7 +1818,8 @@ const file_kvindex_v1_index_proto_rawDesc = "" +
 	"\fblock_hashes\x18\x04 \x03(\x04R\vblockHashes\x126\n" +
 	"\thash_kind\x18\x05 \x01(\x0e2\x19.kvindex.v1.BlockHashKindR\bhashKind\x12\x18\n" +
 	"\aworkers\x18\x06 \x03(\tR\aworkers\x129\n" +
-	"\vconsistency\x18\a \x01(\x0e2\x17.kvindex.v1.ConsistencyR\vconsistency\"\xc3\x01\n" +
+	"\vconsistency\x18\a \x01(\x0e2\x17.kvindex.v1.ConsistencyR\vconsistency\x12!\n" +
+	"\fmatched_only\x18\b \x01(\bR\vmatchedOnly\"\xc3\x01\n" +
 	"\x13QueryByHashResponse\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1d\n" +
 	"\n" +
