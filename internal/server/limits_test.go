@@ -314,11 +314,14 @@ func TestStalledDumpReaderFreesTheSlot(t *testing.T) {
 			}
 			return
 		}
-		if status.Code(err) != codes.ResourceExhausted {
+		// ResourceExhausted: the stalled dump still holds the slot. DeadlineExceeded:
+		// this reader was itself descheduled past the write timeout (-race on busy
+		// cores); either way, try again until the deadline.
+		if c := status.Code(err); c != codes.ResourceExhausted && c != codes.DeadlineExceeded {
 			t.Fatalf("dump: %v", err)
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the stalled reader still holds the dump slot after 30 s")
+			t.Fatalf("no whole dump after the stalled one within 30 s; last: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
