@@ -6,10 +6,14 @@
 // all) with a client-go shared informer. After every add, update or delete it
 // recomputes the list of ready pods and hands it, whole and sorted by worker id,
 // to the update callback, so a consumer replaces its list and never patches it.
+// Run reports the ready pods only (the router's view); Watch reports a Fleet,
+// which also names the pods that exist but are not ready, for a consumer that
+// keeps a worker through a short unready spell (the indexer's registry).
 //
-// Concurrency: Run owns the informer and calls update from a single goroutine,
-// never concurrently with itself; update must not block for long. Config is read
-// only. Specs passed to update are fresh values the consumer may keep.
+// Concurrency: Run and Watch own the informer and call update from a single
+// goroutine, never concurrently with itself; update must not block for long.
+// Config is read only. Values passed to update are fresh; the consumer may keep
+// them.
 //
 // The labels and annotations read (Kubernetes and llm-d spellings), documented in
 // docs/deploy.md:
@@ -152,9 +156,37 @@ func NewWithClient(cfg Config, client kubernetes.Interface, log *slog.Logger) (*
 	return &Discovery{cfg: cfg, client: client, log: log}, nil
 }
 
+// Fleet is one observation of the watched pods.
+type Fleet struct {
+	// Ready are the ready pods as worker specs, sorted by id.
+	Ready []workerspec.Spec
+	// NotReady are the worker ids of the other pods that are still there:
+	// pending, or running but not ready, and not being deleted. Sorted.
+	NotReady []string
+}
+
+// Equal reports whether two observations are the same.
+func (f Fleet) Equal(o Fleet) bool {
+	return slices.Equal(f.NotReady, o.NotReady) && slices.EqualFunc(f.Ready, o.Ready, workerspec.Spec.Equal)
+}
+
 // Run watches until ctx ends, calling update with the full list of ready
-// workers after the initial sync and after every change.
+// workers after the initial sync and after every change to it.
 func (d *Discovery) Run(ctx context.Context, update func([]workerspec.Spec)) error {
+	var last []workerspec.Spec
+	first := true
+	return d.Watch(ctx, func(f Fleet) {
+		if first || !slices.EqualFunc(f.Ready, last, workerspec.Spec.Equal) {
+			update(f.Ready)
+			last, first = f.Ready, false
+		}
+	})
+}
+
+// Watch watches until ctx ends, calling update with the whole Fleet after the
+// initial sync (never before: an empty first Fleet means no pod matches) and
+// after every change to it.
+func (d *Discovery) Watch(ctx context.Context, update func(Fleet)) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(d.client, d.cfg.Resync,
 		informers.WithNamespace(d.cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = d.cfg.Selector }))
@@ -174,24 +206,31 @@ func (d *Discovery) Run(ctx context.Context, update func([]workerspec.Spec)) err
 		return err
 	}
 	lister := inf.Lister()
+	// The list and watch requests carry the selector; the lister applies it
+	// again, so that a pod a server's watch delivers regardless (client-go's
+	// fake clientset filters lists, not watches) is not taken for an engine.
+	sel, err := labels.Parse(d.cfg.Selector)
+	if err != nil {
+		return err
+	}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
 	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
 		return ctx.Err()
 	}
 	d.log.Info("kubernetes discovery synced", "selector", d.cfg.Selector, "namespace", d.cfg.Namespace)
-	var last []workerspec.Spec
+	var last Fleet
 	first := true
 	for {
-		pods, err := lister.List(labels.Everything())
+		pods, err := lister.List(sel)
 		if err != nil {
 			return err
 		}
-		specs := d.Specs(pods)
-		if first || !slices.EqualFunc(specs, last, workerspec.Spec.Equal) {
-			update(specs)
-			d.log.Info("kubernetes workers", "ready", len(specs), "pods", len(pods))
-			last, first = specs, false
+		f := Fleet{Ready: d.Specs(pods), NotReady: notReady(pods)}
+		if first || !f.Equal(last) {
+			update(f)
+			d.log.Info("kubernetes workers", "ready", len(f.Ready), "not_ready", len(f.NotReady), "pods", len(pods))
+			last, first = f, false
 		}
 		select {
 		case <-ctx.Done():
@@ -226,6 +265,20 @@ func (d *Discovery) Specs(pods []*corev1.Pod) []workerspec.Spec {
 	}
 	slices.SortFunc(out, func(a, b workerspec.Spec) int { return strings.Compare(a.ID, b.ID) })
 	return out
+}
+
+// notReady lists the worker ids of the pods that are neither ready nor gone:
+// not being deleted and not finished (Succeeded or Failed: never ready again).
+func notReady(pods []*corev1.Pod) []string {
+	var out []string
+	for _, p := range pods {
+		if Ready(p) || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		out = append(out, workerID(p))
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // Ready: running, Ready condition true, has an IP, not being deleted.
@@ -266,12 +319,17 @@ func port(p *corev1.Pod, key string) (int, error) {
 	return n, nil
 }
 
+// workerID is the pod's kvindex.io/worker-id, else its name.
+func workerID(p *corev1.Pod) string {
+	if id := lookup(p, KeyWorkerID); id != "" {
+		return id
+	}
+	return p.Name
+}
+
 func (d *Discovery) spec(p *corev1.Pod) (workerspec.Spec, error) {
 	ip := p.Status.PodIP
-	s := workerspec.Spec{ID: p.Name, Model: lookup(p, KeyModel, KeyLLMDModel)}
-	if id := lookup(p, KeyWorkerID); id != "" {
-		s.ID = id
-	}
+	s := workerspec.Spec{ID: workerID(p), Model: lookup(p, KeyModel, KeyLLMDModel)}
 	if s.Model == "" {
 		s.Model = d.cfg.DefaultModel
 	}

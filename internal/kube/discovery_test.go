@@ -188,3 +188,72 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+// Watch reports the pods that exist but are not ready (pending, or running
+// and unready) besides the ready ones, and leaves out pods that are being
+// deleted or finished, and pods of another selector, even ones a watch
+// delivers (client-go's fake clientset does not filter watches).
+func TestWatchReportsNotReadyPods(t *testing.T) {
+	app := map[string]string{"app": "vllm", KeyModel: "m"}
+	pending := pod("vllm-2", "", false, app, nil)
+	pending.Status.Phase = corev1.PodPending
+	finished := pod("vllm-3", "10.0.0.4", false, app, nil)
+	finished.Status.Phase = corev1.PodFailed
+	terminating := pod("vllm-4", "10.0.0.5", true, app, nil)
+	terminating.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	cs := fake.NewClientset(
+		pod("vllm-0", "10.0.0.1", true, app, nil),
+		pod("vllm-1", "10.0.0.2", false, app, map[string]string{KeyWorkerID: "w1"}),
+		pending, finished, terminating,
+	)
+	d, err := NewWithClient(Config{Selector: "app=vllm", Namespace: "llm", HTTPPort: 8000, Resync: time.Minute}, cs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var last Fleet
+	got := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		var ready []string
+		for _, s := range last.Ready {
+			ready = append(ready, s.ID)
+		}
+		return strings.Join(ready, ",") + "|" + strings.Join(last.NotReady, ",")
+	}
+	wait := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for got() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("fleet %q, want %q", got(), want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- d.Watch(ctx, func(f Fleet) {
+			mu.Lock()
+			defer mu.Unlock()
+			last = f
+		})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	wait("vllm-0|vllm-2,w1")
+
+	pods := cs.CoreV1().Pods("llm")
+	if _, err := pods.Create(ctx, pod("other-0", "10.0.0.9", true, map[string]string{"app": "other", KeyModel: "m"}, nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pods.UpdateStatus(ctx, pod("vllm-1", "10.0.0.2", true, app, map[string]string{KeyWorkerID: "w1"}), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("vllm-0,w1|vllm-2")
+}

@@ -13,9 +13,11 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kvindex/kvindex/internal/envflag"
 	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/kube"
 	"github.com/kvindex/kvindex/internal/logging"
 	"github.com/kvindex/kvindex/internal/raftstore"
 	"github.com/kvindex/kvindex/internal/tokenize"
@@ -108,6 +110,18 @@ type Config struct {
 	// --nats-url, --nats-subject-prefix, --block-size and the ingest tuning flags.
 	Ingest ingest.ManagerConfig
 
+	// Kube is the Kubernetes discovery of the engine pods (--kube-*, --kubeconfig;
+	// off without Kube.Selector): the leader registers the ready pods as workers
+	// (kubeworkers.go).
+	Kube kube.Config
+	// KubeUnreadyGrace is how long a discovered pod may stay unready before the
+	// leader unregisters its worker (and its blocks leave the index).
+	KubeUnreadyGrace time.Duration
+	// KubeClient, when set, is the Kubernetes API client discovery uses instead
+	// of one made from Kube.Kubeconfig or the in-cluster service account (tests
+	// give client-go's fake clientset). Not a flag.
+	KubeClient kubernetes.Interface
+
 	// onBatch, when set, is told of every committed stream batch after the
 	// node's own hooks: tests audit every applied sequence number with it.
 	onBatch raftstore.BatchObserver
@@ -141,6 +155,8 @@ func DefaultConfig() Config {
 		LogFormat:                "text",
 		Ingest:                   ingest.DefaultManagerConfig(),
 		Raft:                     raftstore.DefaultConfig(),
+		Kube:                     kube.DefaultConfig(),
+		KubeUnreadyGrace:         time.Minute,
 	}
 }
 
@@ -225,7 +241,24 @@ func (c *Config) Validate() error {
 	if err := logging.ValidateFormat(c.LogFormat); err != nil {
 		return invalid("%v", err)
 	}
+	if err := c.validateKube(); err != nil {
+		return err
+	}
 	return c.Ingest.Validate()
+}
+
+// validateKube checks the --kube-* flags.
+func (c *Config) validateKube() error {
+	if err := c.Kube.Validate(); err != nil {
+		return invalid("%s", strings.TrimPrefix(err.Error(), kube.ErrInvalidConfig.Error()+": "))
+	}
+	switch {
+	case c.KubeUnreadyGrace < 0:
+		return invalid("--kube-unready-grace=%s must not be negative", c.KubeUnreadyGrace)
+	case c.Kube.Selector != "" && c.Ingest.MaxDiscoveredWorkers < 1:
+		return invalid("--kube-selector=%q registers pods as workers, but --max-discovered-workers=%d allows none", c.Kube.Selector, c.Ingest.MaxDiscoveredWorkers)
+	}
+	return nil
 }
 
 // uint32Flag is a flag of a uint32 value.
@@ -354,6 +387,19 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.IntVar(&in.MaxFrameBytes, "max-frame-bytes", in.MaxFrameBytes, "largest event batch accepted, in `bytes`; larger ones are counted and dropped")
 	fs.DurationVar(&in.ReplayTimeout, "replay-timeout", in.ReplayTimeout, "how long a replay from an engine may go without a reply")
 	fs.DurationVar(&in.IdleReplayInterval, "idle-replay-interval", in.IdleReplayInterval, "ask an engine that has been silent this long for batches we may have missed (0 disables)")
+	registerKubeFlags(fs, cfg)
+}
+
+// registerKubeFlags binds the Kubernetes discovery flags, named as the router's.
+func registerKubeFlags(fs *flag.FlagSet, cfg *Config) {
+	k := &cfg.Kube
+	fs.StringVar(&k.Selector, "kube-selector", k.Selector, "Kubernetes discovery: label `selector` of the engine pods (e.g. app=vllm); the leader registers ready pods as workers (connect mode: kvindex.io/kv-events-port, kvindex.io/kv-replay-port; docs/deploy.md lists the labels and annotations read) and unregisters them when their pod goes; at most --max-discovered-workers; empty: off")
+	fs.StringVar(&k.Namespace, "kube-namespace", k.Namespace, "Kubernetes discovery: namespace to watch; empty: the indexer's own namespace in a cluster, every namespace with --kubeconfig")
+	fs.StringVar(&k.Kubeconfig, "kubeconfig", k.Kubeconfig, "Kubernetes discovery: kubeconfig `file`; empty: the in-cluster service account")
+	fs.IntVar(&k.HTTPPort, "kube-http-port", k.HTTPPort, "Kubernetes discovery: engine HTTP port of pods without the kvindex.io/http-port annotation")
+	fs.StringVar(&k.DefaultModel, "kube-default-model", k.DefaultModel, "Kubernetes discovery: model of pods without a kvindex.io/model or llm-d.ai/model label")
+	fs.DurationVar(&k.Resync, "kube-resync", k.Resync, "Kubernetes discovery: the informer's full resync period")
+	fs.DurationVar(&cfg.KubeUnreadyGrace, "kube-unready-grace", cfg.KubeUnreadyGrace, "Kubernetes discovery: a pod that is still there but not ready keeps its worker and blocks this long, then its worker is unregistered (0: at once); a deleted pod's worker goes at once")
 }
 
 // ParseFlags builds a Config from defaults, the --config file (or KVINDEX_CONFIG),

@@ -24,9 +24,12 @@
 // forwards them to the leader's gRPC API (peers.go), and the answer comes once
 // the follower has applied them too. The replicated registry is mirrored into
 // every node's ingest Manager; the leader registers the workers it knows from
-// its configuration or finds on the bind socket or NATS, so every replica scores
-// them. The ChangeFeed (watch.go) turns applied batches into the Watch stream:
-// raft's apply hooks call its Prepare and Commit around every batch.
+// its configuration or finds on the bind socket or NATS, and with
+// --kube-selector the ready engine pods (kubeworkers.go: the leader reconciles
+// the registry with the pod list, removing the workers of pods that went), so
+// every replica scores them. The ChangeFeed (watch.go) turns applied batches
+// into the Watch stream: raft's apply hooks call its Prepare and Commit around
+// every batch.
 //
 // The leader also probes each worker's health endpoint (health.go) and declares
 // a worker that stays unhealthy for --worker-dead-after dead through the log:

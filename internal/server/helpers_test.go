@@ -68,6 +68,9 @@ type fixtureOptions struct {
 	// rather than giving them by --worker (a worker of the configuration cannot
 	// be unregistered).
 	register bool
+	// unlisted leaves the engines out of the configuration and the registry:
+	// the test has them discovered.
+	unlisted bool
 }
 
 func startEngineFor(t *testing.T, es engineSpec) *fakeengine.Engine {
@@ -158,7 +161,7 @@ func newFixture(t *testing.T, opts fixtureOptions) *fixture {
 	for _, es := range opts.engines {
 		e := startEngineFor(t, es)
 		f.engines[es.name] = e
-		if !opts.register {
+		if !opts.register && !opts.unlisted {
 			cfg.Ingest.Workers = append(cfg.Ingest.Workers, workerFlagFor(t, es.name, e))
 		}
 	}

@@ -52,6 +52,10 @@ type raftBackend struct {
 
 	conflicts sync.Map // worker id -> spec string whose registry conflict was logged
 
+	// kube, when --kube-selector is set, registers the engine pods while this
+	// node leads (kubeworkers.go).
+	kube *kubeWorkers
+
 	digests digests
 
 	// readiness: see readiness.go.
@@ -181,6 +185,9 @@ func (b *raftBackend) UnregisterWorker(ctx context.Context, id string) (uint64, 
 			return 0, fmt.Errorf("%w: worker %q is given by the configuration of node %s (%s): remove it from every node's configuration, then unregister it",
 				ErrFailedPrecondition, id, b.nodeID, ws.Source)
 		}
+	}
+	if cur, ok := b.node.Worker(id); ok && b.kube != nil && isKubeWorker(cur) {
+		return 0, fmt.Errorf("%w: worker %q: %w", ErrFailedPrecondition, id, errKubeWorker)
 	}
 	return b.onLeader(ctx, func() (uint64, error) {
 		return b.node.UnregisterWorker(ctx, id)
@@ -471,6 +478,9 @@ func (b *raftBackend) runIngest(ctx context.Context, fail func(string, error)) {
 				defer wg.Done()
 				b.health.run(lctx)
 			}()
+		}
+		if b.kube != nil {
+			wg.Go(func() { b.kube.run(lctx) })
 		}
 		wg.Add(1)
 		go func() {

@@ -143,6 +143,11 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 		return nil, err
 	}
 	s.reg.MustRegister(deadCollector{s.node})
+	if cfg.Kube.Selector != "" {
+		if s.backend.kube, err = newKubeWorkers(cfg, s.backend, s.reg, logger); err != nil {
+			return nil, err
+		}
+	}
 	s.backend.digests = digests{copyIndex: s.node.IndexCopy, applied: s.node.AppliedIndex, interval: minDigestInterval}
 	s.backend.index.Store(s.node.Index())
 	s.api, err = NewAPI(s.backend, APIConfig{
@@ -299,7 +304,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("indexer started", "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "raft", s.RaftAddr(), "data_dir", s.cfg.DataDir,
 		"join", s.cfg.Join, "tls", s.tls != nil, "mtls", s.cfg.TLSClientCA != "", "admin_token", s.cfg.AdminToken != "",
 		"transport", s.cfg.Ingest.Transport, "workers", len(s.cfg.Ingest.Workers), "zmq_bind", s.cfg.Ingest.ZMQBind,
-		"tokenizers", len(s.cfg.Tokenizers))
+		"kube_selector", s.cfg.Kube.Selector, "tokenizers", len(s.cfg.Tokenizers))
 	<-ctx.Done()
 	s.health.Shutdown()
 	s.backend.Changes().Close(fmt.Errorf("%w: the indexer is shutting down", ErrUnavailable))
