@@ -180,9 +180,36 @@ func env(kv ...string) func(string) (string, bool) {
 	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 }
 
+// watchesPods reports whether ServiceAccount sa is bound, by a RoleBinding in
+// the release namespace, to a Role that may get, list and watch pods.
+func watchesPods(r *rendered, sa string) bool {
+	for _, b := range r.bindings {
+		if b.Namespace != "" && b.Namespace != namespace || b.RoleRef.Kind != "Role" ||
+			!slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
+				return s.Kind == "ServiceAccount" && s.Name == sa && s.Namespace == namespace
+			}) {
+			continue
+		}
+		for _, role := range r.roles {
+			if role.Name != b.RoleRef.Name {
+				continue
+			}
+			for _, rule := range role.Rules {
+				if slices.Contains(rule.APIGroups, "") && slices.Contains(rule.Resources, "pods") &&
+					slices.Contains(rule.Verbs, "get") && slices.Contains(rule.Verbs, "list") && slices.Contains(rule.Verbs, "watch") {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // checkIndexer: the StatefulSet's flags parse with the indexer's own parser,
-// its ports and probes agree with them, and the PDB keeps a majority.
-func checkIndexer(t *testing.T, r *rendered, replicas int) {
+// its ports and probes agree with them, and the PDB keeps a majority. With
+// selector (Kubernetes discovery on), the indexer watches those pods in the
+// release namespace and its ServiceAccount may; without, it has no token.
+func checkIndexer(t *testing.T, r *rendered, replicas int, selector string) {
 	s := r.statefulSets["kv-indexer"]
 	if s == nil {
 		t.Fatal("no indexer StatefulSet")
@@ -203,7 +230,7 @@ func checkIndexer(t *testing.T, r *rendered, replicas int) {
 		t.Errorf("indexer command %q: pods other than 0 must --join through the indexer Service", script)
 	}
 	for _, pod := range []string{"kv-indexer-0", "kv-indexer-1"} {
-		args := expand(c.Args, map[string]string{"POD_NAME": pod, "POD_IP": "10.1.2.3"})
+		args := expand(c.Args, map[string]string{"POD_NAME": pod, "POD_IP": "10.1.2.3", "POD_NAMESPACE": namespace})
 		if pod != "kv-indexer-0" {
 			args = append(args, "--join=kv-indexer."+namespace+".svc:7070")
 		}
@@ -223,6 +250,16 @@ func checkIndexer(t *testing.T, r *rendered, replicas int) {
 		if got, want := portOf(t, cfg.Raft.RaftAddr), containerPort(t, c, "raft"); got != want {
 			t.Errorf("--raft-addr port %d, container port raft %d", got, want)
 		}
+		if cfg.Kube.Selector != selector || selector != "" && cfg.Kube.Namespace != namespace {
+			t.Errorf("indexer discovery %+v, want selector %q in the release namespace", cfg.Kube, selector)
+		}
+	}
+	podSpec := s.Spec.Template.Spec
+	switch {
+	case selector != "" && (podSpec.ServiceAccountName == "" || !watchesPods(r, podSpec.ServiceAccountName)):
+		t.Errorf("the indexer's ServiceAccount %q must be bound to a Role that gets, lists and watches pods", podSpec.ServiceAccountName)
+	case selector == "" && (podSpec.AutomountServiceAccountToken == nil || *podSpec.AutomountServiceAccountToken):
+		t.Error("without discovery the indexer needs no Kubernetes API token: automountServiceAccountToken must be false")
 	}
 	if p := c.ReadinessProbe.HTTPGet; p == nil || p.Path != "/readyz" || p.Port.String() != "http" {
 		t.Errorf("indexer readiness probe %+v, want GET /readyz on the http port", c.ReadinessProbe)
@@ -278,21 +315,8 @@ func checkRouter(t *testing.T, r *rendered, epp bool) {
 			t.Errorf("router readiness %+v, want /readyz", c.ReadinessProbe)
 		}
 	}
-	sa := d.Spec.Template.Spec.ServiceAccountName
-	watch := false
-	for _, role := range r.roles {
-		for _, rule := range role.Rules {
-			watch = watch || slices.Contains(rule.Resources, "pods") && slices.Contains(rule.Verbs, "watch") && slices.Contains(rule.Verbs, "list")
-		}
-	}
-	bound := false
-	for _, b := range r.bindings {
-		for _, s := range b.Subjects {
-			bound = bound || s.Kind == "ServiceAccount" && s.Name == sa
-		}
-	}
-	if !watch || !bound || len(r.accounts) == 0 {
-		t.Errorf("the router's ServiceAccount %q must be bound to a Role that lists and watches pods", sa)
+	if sa := d.Spec.Template.Spec.ServiceAccountName; !watchesPods(r, sa) || !slices.ContainsFunc(r.accounts, func(a *corev1.ServiceAccount) bool { return a.Name == sa }) {
+		t.Errorf("the router's ServiceAccount %q must be bound to a Role that gets, lists and watches pods", sa)
 	}
 }
 
@@ -341,7 +365,7 @@ func TestChartRenders(t *testing.T) {
 		check  func(t *testing.T, r *rendered)
 	}{
 		{"defaults with an admin token", `adminToken: {existingSecret: kv-admin}`, func(t *testing.T, r *rendered) {
-			checkIndexer(t, r, 3)
+			checkIndexer(t, r, 3, "")
 			checkRouter(t, r, true)
 			if len(r.hpas) != 1 || r.deployments["kv-router"].Spec.Replicas != nil {
 				t.Error("autoscaling on: want an HPA and no fixed replicas")
@@ -365,7 +389,7 @@ serviceMonitor: {enabled: true}
 networkPolicy: {enabled: true, allowNamespaces: [gateway]}
 examples: {vllm: {enabled: true}, inferencePool: {enabled: true}}
 `, func(t *testing.T, r *rendered) {
-			checkIndexer(t, r, 5)
+			checkIndexer(t, r, 5, "")
 			checkRouter(t, r, true)
 			if r.custom["ServiceMonitor"] == nil || len(r.netpols) != 1 {
 				t.Error("want a ServiceMonitor and a NetworkPolicy")
@@ -398,17 +422,38 @@ adminToken: {existingSecret: kv-admin}
 indexer: {ingest: nats, natsURL: "nats://nats:4222"}
 router: {eppPort: 0, autoscaling: {enabled: false}, replicas: 3}
 `, func(t *testing.T, r *rendered) {
-			checkIndexer(t, r, 3)
+			checkIndexer(t, r, 3, "")
 			checkRouter(t, r, false)
 			if len(r.hpas) != 0 || *r.deployments["kv-router"].Spec.Replicas != 3 {
 				t.Error("autoscaling off: want 3 fixed replicas and no HPA")
+			}
+		}},
+		{"indexer discovery, connect mode, example engines", `
+adminToken: {existingSecret: kv-admin}
+indexer: {ingest: connect, discovery: {selector: "app=vllm", unreadyGrace: 30s}}
+examples: {vllm: {enabled: true}}
+`, func(t *testing.T, r *rendered) {
+			checkIndexer(t, r, 3, "app=vllm")
+			checkRouter(t, r, true)
+			c := r.statefulSets["kv-indexer"].Spec.Template.Spec.Containers[0]
+			cfg, err := server.ParseFlags(expand(c.Args, map[string]string{"POD_NAME": "kv-indexer-0", "POD_IP": "10.1.2.3", "POD_NAMESPACE": namespace}),
+				io.Discard, env("KVINDEX_ADMIN_TOKEN", "secret"))
+			if err != nil || cfg.KubeUnreadyGrace.String() != "30s" || cfg.Ingest.ZMQBind != "" {
+				t.Errorf("indexer flags: %v; unready grace %v, --zmq-bind %q: want 30s and connect mode", err, cfg.KubeUnreadyGrace, cfg.Ingest.ZMQBind)
+			}
+			// The example engines are what the indexer discovers: they match its
+			// selector and annotate the port they bind their events socket on.
+			v := r.deployments["kv-vllm"].Spec.Template
+			if v.Labels["app"] != "vllm" || v.Annotations["kvindex.io/kv-events-port"] != "5557" ||
+				!strings.Contains(strings.Join(v.Spec.Containers[0].Args, " "), `"endpoint":"tcp://*:5557"`) {
+				t.Errorf("example vLLM in connect mode: labels %v, annotations %v, args %q", v.Labels, v.Annotations, v.Spec.Containers[0].Args)
 			}
 		}},
 		{"indexer only, insecure", `
 adminToken: {insecureNoAdminToken: true}
 router: {enabled: false}
 `, func(t *testing.T, r *rendered) {
-			checkIndexer(t, r, 3)
+			checkIndexer(t, r, 3, "")
 			if len(r.deployments) != 0 {
 				t.Error("router disabled but rendered")
 			}

@@ -40,7 +40,8 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "insecure-no-admin-token", "raft-tls-ca", "raft-tls-cert", "raft-tls-key",
 		"http-read-timeout", "http-write-timeout", "max-discovered-workers", "discover-allow", "discover-replay-allow", "bind-replay-pattern", "ready-max-lag", "http-idle-timeout", "grpc-max-concurrent-streams", "max-watch-streams", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
 		"worker-dead-after", "worker-health-interval", "raft-addr", "raft-advertise", "grpc-advertise", "bootstrap", "join", "raft-batch-max-events", "raft-batch-max-wait",
-		"raft-snapshot-threshold", "raft-trailing-logs"} {
+		"raft-snapshot-threshold", "raft-trailing-logs",
+		"kube-selector", "kube-namespace", "kubeconfig", "kube-http-port", "kube-default-model", "kube-resync", "kube-unready-grace"} {
 		if !strings.Contains(help.String(), "--"+name+" ") {
 			t.Errorf("--help does not document --%s", name)
 		}
@@ -155,6 +156,11 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{[]string{"--worker-dead-after", "-1s"}, nil, "--worker-dead-after=-1s"},
 		{[]string{"--worker-health-interval", "0s"}, nil, "--worker-health-interval=0s"},
 		{[]string{"--worker-dead-after", "10s", "--worker-health-interval", "20s"}, nil, "at most --worker-dead-after=10s"},
+		{[]string{"--kube-selector", "app==("}, nil, "--kube-selector=\"app==(\""},
+		{[]string{"--kube-http-port", "0"}, nil, "--kube-http-port=0"},
+		{[]string{"--kube-resync", "0s"}, nil, "--kube-resync=0s"},
+		{[]string{"--kube-unready-grace", "-1s"}, nil, "--kube-unready-grace=-1s"},
+		{[]string{"--kube-selector", "app=vllm", "--max-discovered-workers", "0"}, nil, "--max-discovered-workers=0 allows none"},
 		{nil, map[string]string{"KVINDEX_BLOCK_SIZE": "many"}, "KVINDEX_BLOCK_SIZE"},
 		{[]string{"--config", write("unknown.yaml", "colour: red\n")}, nil, `unknown key "colour"`},
 		{[]string{"--config", write("list.yaml", "node-id: [a, b]\n")}, nil, "node-id takes one value"},
