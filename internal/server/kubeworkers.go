@@ -52,6 +52,11 @@ const kubeSourceValue = "kubernetes"
 // kubeDiscoveryBackoff paces restarts of a watch that failed.
 var kubeDiscoveryBackoff = retry.Backoff{Initial: time.Second, Max: 30 * time.Second}
 
+// kubeSyncWarnAfter is how long a new leader's watch may go without its first
+// pod list before the leader says so: client-go retries an unreachable API
+// server or a missing RBAC grant quietly.
+const kubeSyncWarnAfter = 30 * time.Second
+
 // isKubeWorker reports whether a registry entry is Kubernetes discovery's.
 func isKubeWorker(s workerspec.Spec) bool { return s.Labels[KubeSourceLabel] == kubeSourceValue }
 
@@ -248,6 +253,8 @@ func (k *kubeWorkers) run(ctx context.Context) {
 	defer func() { <-done }()
 	t := time.NewTicker(publishInterval)
 	defer t.Stop()
+	syncWarn := time.NewTimer(kubeSyncWarnAfter)
+	defer syncWarn.Stop()
 	var fleet *kube.Fleet
 	unreadySince := map[string]time.Time{}
 	refused := map[string]string{}
@@ -258,6 +265,11 @@ func (k *kubeWorkers) run(ctx context.Context) {
 		case f := <-fleets:
 			fleet = &f
 		case <-t.C:
+		case <-syncWarn.C:
+			if fleet == nil {
+				k.log.Warn("kubernetes discovery has not listed the pods yet: check the API server access (--kubeconfig or the in-cluster service account) and the RBAC grant (get, list, watch pods); the registry keeps its workers meanwhile",
+					"after", kubeSyncWarnAfter)
+			}
 		}
 		if fleet == nil {
 			continue

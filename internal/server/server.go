@@ -101,6 +101,11 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 		regChanged:  make(chan struct{}, 1),
 		readyMaxLag: uint64(cfg.ReadyMaxLag), contactTimeout: cfg.Raft.HeartbeatTimeout,
 	}
+	if cfg.Kube.Selector != "" { // before the raft node: a discovery that cannot start leaves no raft state behind
+		if s.backend.kube, err = newKubeWorkers(cfg, s.backend, s.reg, logger); err != nil {
+			return nil, err
+		}
+	}
 	rc := cfg.raftConfig()
 	rc.GRPCAddr = s.grpcAdvertise
 	rc.Logger = logger
@@ -143,11 +148,6 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 		return nil, err
 	}
 	s.reg.MustRegister(deadCollector{s.node})
-	if cfg.Kube.Selector != "" {
-		if s.backend.kube, err = newKubeWorkers(cfg, s.backend, s.reg, logger); err != nil {
-			return nil, err
-		}
-	}
 	s.backend.digests = digests{copyIndex: s.node.IndexCopy, applied: s.node.AppliedIndex, interval: minDigestInterval}
 	s.backend.index.Store(s.node.Index())
 	s.api, err = NewAPI(s.backend, APIConfig{
