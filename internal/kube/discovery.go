@@ -1,6 +1,6 @@
 // Package kube discovers inference engine pods on Kubernetes and turns each ready
-// pod into a worker spec (internal/workerspec) for the router's fleet (and any
-// other consumer of worker lists).
+// pod into a worker spec (internal/workerspec), for the router's fleet and the
+// indexer's worker registry (internal/server/kubeworkers.go).
 //
 // A Discovery watches the pods matching a label selector in one namespace (or
 // all) with a client-go shared informer. After every add, update or delete it
