@@ -411,7 +411,7 @@ examples: {vllm: {enabled: true}, inferencePool: {enabled: true}}
 adminToken: {existingSecret: kv-admin}
 indexer: {bindReplayPattern: "tcp://{pod}.engines.llm.svc:5558"}
 `, func(t *testing.T, r *rendered) {
-			checkIndexer(t, r, 3) // the indexer's parser validates the pattern
+			checkIndexer(t, r, 3, "") // the indexer's parser validates the pattern
 			args := strings.Join(r.statefulSets["kv-indexer"].Spec.Template.Spec.Containers[0].Args, " ")
 			if !strings.Contains(args, "--zmq-bind=tcp://*:5557") || !strings.Contains(args, "--bind-replay-pattern=tcp://{pod}.engines.llm.svc:5558") {
 				t.Errorf("indexer args %q: want --zmq-bind and the --bind-replay-pattern", args)
