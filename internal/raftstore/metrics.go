@@ -7,6 +7,7 @@ import (
 
 	gometrics "github.com/hashicorp/go-metrics/compat"
 	gmprometheus "github.com/hashicorp/go-metrics/compat/prometheus"
+	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -98,4 +99,70 @@ func ExportRaftMetrics(reg prometheus.Registerer, expiry time.Duration) error {
 		return fmt.Errorf("raftstore: raft metrics: %w", err)
 	}
 	return nil
+}
+
+// stateCollector reports a node's raft state (leadership, term, log indexes,
+// contact with the leader, membership) computed when /metrics is scraped, so
+// the values are those of the scrape, with no refresh period and no goroutine.
+// Each read is an atomic load or a short read lock in hashicorp/raft
+// (GetConfiguration reads the latest configuration without going through
+// raft's main loop), so a scrape never waits for raft; Stats() is not used
+// because it does go through the main loop.
+type stateCollector struct {
+	n                                                         *Node
+	isLeader, term, applied, commit, lastContact, membersDesc *prometheus.Desc
+}
+
+func newStateCollector(n *Node) *stateCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName("kvindex", "raft", name), help+" As of the scrape.", labels, nil)
+	}
+	return &stateCollector{
+		n:        n,
+		isLeader: d("is_leader", "1 when this member is the raft leader, else 0; summed over the members it should be 1."),
+		term:     d("term", "The raft term this member is in; its growth counts elections."),
+		applied:  d("applied_index", "The raft log index of the last entry this member's index has applied (what its reads see)."),
+		commit:   d("commit_index", "The raft log index this member knows to be committed."),
+		lastContact: d("last_contact_seconds", "Seconds since this member last heard from the leader: 0 on the leader; "+
+			"since the node started when it never has."),
+		membersDesc: d("members", "Servers in the raft configuration as this member knows it, by suffrage (voter, nonvoter).", "suffrage"),
+	}
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.isLeader, c.term, c.applied, c.commit, c.lastContact, c.membersDesc} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	r := c.n.raft
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	leader, contact := 0.0, 0.0
+	if r.State() == raft.Leader {
+		leader = 1
+	} else {
+		last := r.LastContact()
+		if last.IsZero() {
+			last = c.n.started
+		}
+		contact = time.Since(last).Seconds()
+	}
+	gauge(c.isLeader, leader)
+	gauge(c.lastContact, contact)
+	gauge(c.term, float64(r.CurrentTerm()))
+	gauge(c.applied, float64(c.n.AppliedIndex()))
+	gauge(c.commit, float64(r.CommitIndex()))
+	// staging is deprecated in hashicorp/raft: its series appears only if one shows up.
+	count := map[string]int{SuffrageVoter: 0, SuffrageNonvoter: 0}
+	if f := r.GetConfiguration(); f.Error() == nil {
+		for _, s := range f.Configuration().Servers {
+			count[suffrageName(s.Suffrage)]++
+		}
+	}
+	for s, k := range count {
+		gauge(c.membersDesc, float64(k), s)
+	}
 }

@@ -72,6 +72,7 @@ type Node struct {
 	logs      raft.LogStore // store, behind the log cache when there is one
 	inertTail atomic.Pointer[inertTail]
 	snapshots *raft.FileSnapshotStore
+	started   time.Time // when NewNode was called: the contact gauge's origin before any leader is heard
 
 	sessMu      sync.Mutex
 	sess        *session      // open session, nil when not leading; guarded by sessMu
@@ -128,7 +129,7 @@ func NewNode(cfg Config) (_ *Node, err error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	n := &Node{
-		cfg: cfg, log: log, metrics: newMetrics(),
+		cfg: cfg, log: log, metrics: newMetrics(), started: time.Now(),
 		sessChanged: make(chan struct{}), closing: make(chan struct{}), raftStopped: make(chan struct{}), loopDone: make(chan struct{}),
 		stopped: make(chan struct{}),
 	}
@@ -188,6 +189,13 @@ func NewNode(cfg Config) (_ *Node, err error) {
 	n.raft, err = raft.NewRaft(rc, n.fsm, n.logs, n.store, n.snapshots, n.transport)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: starting raft: %w", err)
+	}
+	if cfg.Registerer != nil {
+		// Registered once raft exists: the collector reads it on every scrape.
+		if err := cfg.Registerer.Register(newStateCollector(n)); err != nil {
+			n.raft.Shutdown().Error() // before the deferred closes pull the store from under it
+			return nil, fmt.Errorf("raftstore: registering raft state metrics: %w", err)
+		}
 	}
 	if cfg.Bootstrap && !hasState {
 		boot := raft.Configuration{Servers: []raft.Server{{

@@ -85,9 +85,24 @@ func TestMetricsAreExported(t *testing.T) {
 		values["kvindex_raft_leader_sessions_total"] != 1 || values["kvindex_raft_commit_seconds"] == 0 {
 		t.Errorf("node metrics %v", values)
 	}
+	// The state gauges of a leader of one, quiet after Flush: its applied index
+	// is the node's, and nothing it has not committed is applied.
+	if values["kvindex_raft_is_leader"] != 1 || values["kvindex_raft_term"] < 1 || values["kvindex_raft_last_contact_seconds"] != 0 ||
+		values["kvindex_raft_applied_index"] != float64(n.AppliedIndex()) || values["kvindex_raft_commit_index"] < values["kvindex_raft_applied_index"] {
+		t.Errorf("state gauges %v, node applied index %d", values, n.AppliedIndex())
+	}
+	if m := gatherLabeled(t, reg, "kvindex_raft_members"); m["voter"] != 1 || m["nonvoter"] != 0 || len(m) != 2 {
+		t.Errorf("members by suffrage %v, want 1 voter, 0 nonvoters", m)
+	}
 	raftValues := gather(t, raftReg)
 	if raftValues["kvindex_raft_apply"] == 0 || raftValues["kvindex_raft_commitTime"] == 0 {
 		t.Errorf("raft's apply and commit metrics were not exported: %v", raftValues)
+	}
+	// main exports both to one registry: a name in both would break its /metrics.
+	for name := range values {
+		if _, ok := raftValues[name]; ok {
+			t.Errorf("%s is both a node metric and one of raft's", name)
+		}
 	}
 	t.Logf("raft metric families exported: %v", slices.Sorted(maps.Keys(raftValues)))
 }
@@ -112,6 +127,24 @@ func gather(t *testing.T, g prometheus.Gatherer) map[string]float64 {
 			out[f.GetName()] = float64(m.Histogram.GetSampleCount())
 		case m.Summary != nil:
 			out[f.GetName()] = float64(m.Summary.GetSampleCount())
+		}
+	}
+	return out
+}
+
+// gatherLabeled returns the gauge values of family name by the value of its one label.
+func gatherLabeled(t *testing.T, g prometheus.Gatherer, name string) map[string]float64 {
+	t.Helper()
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				out[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+			}
 		}
 	}
 	return out
