@@ -306,12 +306,94 @@ func TestAlertRulesParse(t *testing.T) {
 	if out, err := exec.Command(promtool, "check", "rules", bad).CombinedOutput(); err == nil {
 		t.Fatalf("promtool accepted a broken rule:\n%s", out)
 	}
-	want := []string{"KvindexNoLeader", "KvindexReplicaLag", "KvindexIngestGaps", "KvindexIngestResets", "KvindexWorkerSilent",
+	want := []string{"KvindexNoLeader", "KvindexMultipleLeaders", "KvindexReplicaLag", "KvindexFollowerNoContact",
+		"KvindexElectionStorm", "KvindexIngestGaps", "KvindexIngestResets", "KvindexWorkerSilent",
 		"KvindexBreakerOnReadyWorker", "KvindexLowCaptureRatio", "KvindexTokenParityFailing", "KvindexRouter429Rate"}
 	got := alertExprs(t)
 	for _, a := range want {
 		if _, ok := got[a]; !ok {
 			t.Errorf("alert %s missing", a)
 		}
+	}
+}
+
+// The raft cluster alerts fire when they should and not before, per
+// promtool's unit tests (deploy/prometheus/kvindex-alerts_test.yaml), which
+// cover every alert of the kvindex-cluster group.
+func TestAlertRulesUnitTests(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatal("promtool not found: scripts/deps.sh installs it (Debian package prometheus)")
+	}
+	tests := filepath.Join("..", "prometheus", "kvindex-alerts_test.yaml")
+	if out, err := exec.Command(promtool, "test", "rules", tests).CombinedOutput(); err != nil {
+		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(tests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Tests []struct {
+			AlertRuleTest []struct {
+				AlertName string `json:"alertname"`
+			} `json:"alert_rule_test"`
+		} `json:"tests"`
+	}
+	if err := yaml.Unmarshal(data, &f); err != nil {
+		t.Fatal(err)
+	}
+	tested := map[string]bool{}
+	for _, tc := range f.Tests {
+		for _, a := range tc.AlertRuleTest {
+			tested[a.AlertName] = true
+		}
+	}
+	rules, err := os.ReadFile(filepath.Join("..", "prometheus", "kvindex-alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rf ruleFile
+	if err := yaml.Unmarshal(rules, &rf); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range rf.Groups {
+		if g.Name != "kvindex-cluster" {
+			continue
+		}
+		for _, r := range g.Rules {
+			if !tested[r.Alert] {
+				t.Errorf("alert %s has no promtool unit test", r.Alert)
+			}
+		}
+	}
+}
+
+// Every dashboard query is valid PromQL: promtool checks them as recording rules.
+func TestDashboardQueriesParse(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatal("promtool not found: scripts/deps.sh installs it (Debian package prometheus)")
+	}
+	type rule struct {
+		Record string `json:"record"`
+		Expr   string `json:"expr"`
+	}
+	var rules []rule
+	for _, exprs := range dashboardExprs(t) {
+		for _, e := range exprs {
+			rules = append(rules, rule{Record: fmt.Sprintf("panel:%d", len(rules)), Expr: e})
+		}
+	}
+	data, err := yaml.Marshal(map[string]any{"groups": []any{map[string]any{"name": "dashboard", "rules": rules}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "dashboard.yaml")
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "check", "rules", file).CombinedOutput(); err != nil {
+		t.Fatalf("promtool check rules on the dashboard's queries: %v\n%s\n%s", err, out, data)
 	}
 }
