@@ -49,7 +49,10 @@
 //
 // # Metrics
 //
-// Each Node has its own kvindex_raft_* metrics (Config.Registerer). raft's and
+// Each Node has its own kvindex_raft_* metrics (Config.Registerer), among them
+// gauges of its raft state (leadership, term, applied and commit index, last
+// contact with the leader, members) read from raft's atomics when scraped, so a
+// scrape never waits for raft's main loop. raft's and
 // raft-boltdb's metrics go through go-metrics' process-wide sink:
 // ExportRaftMetrics installs one feeding a Prometheus registerer.
 package raftstore
