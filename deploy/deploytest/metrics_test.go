@@ -221,7 +221,7 @@ type ruleFile struct {
 	} `json:"groups"`
 }
 
-func alertExprs(t *testing.T) map[string][]string {
+func readRules(t *testing.T) ruleFile {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join("..", "prometheus", "kvindex-alerts.yaml"))
 	if err != nil {
@@ -231,8 +231,13 @@ func alertExprs(t *testing.T) map[string][]string {
 	if err := yaml.Unmarshal(data, &f); err != nil {
 		t.Fatal(err)
 	}
+	return f
+}
+
+func alertExprs(t *testing.T) map[string][]string {
+	t.Helper()
 	out := map[string][]string{}
-	for _, g := range f.Groups {
+	for _, g := range readRules(t).Groups {
 		for _, r := range g.Rules {
 			out[r.Alert] = append(out[r.Alert], r.Expr)
 		}
@@ -349,15 +354,7 @@ func TestAlertRulesUnitTests(t *testing.T) {
 			tested[a.AlertName] = true
 		}
 	}
-	rules, err := os.ReadFile(filepath.Join("..", "prometheus", "kvindex-alerts.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rf ruleFile
-	if err := yaml.Unmarshal(rules, &rf); err != nil {
-		t.Fatal(err)
-	}
-	for _, g := range rf.Groups {
+	for _, g := range readRules(t).Groups {
 		if g.Name != "kvindex-cluster" {
 			continue
 		}

@@ -91,8 +91,8 @@ func TestMetricsAreExported(t *testing.T) {
 		values["kvindex_raft_applied_index"] != float64(n.AppliedIndex()) || values["kvindex_raft_commit_index"] < values["kvindex_raft_applied_index"] {
 		t.Errorf("state gauges %v, node applied index %d", values, n.AppliedIndex())
 	}
-	if m := gatherLabeled(t, reg, "kvindex_raft_members"); m["voter"] != 1 || m["nonvoter"] != 0 || len(m) != 2 {
-		t.Errorf("members by suffrage %v, want 1 voter, 0 nonvoters", m)
+	if v, ok := values["kvindex_raft_members{nonvoter}"]; values["kvindex_raft_members{voter}"] != 1 || !ok || v != 0 {
+		t.Errorf("members by suffrage %v, want 1 voter, 0 nonvoters", values)
 	}
 	raftValues := gather(t, raftReg)
 	if raftValues["kvindex_raft_apply"] == 0 || raftValues["kvindex_raft_commitTime"] == 0 {
@@ -108,7 +108,8 @@ func TestMetricsAreExported(t *testing.T) {
 }
 
 // gather returns each metric family's first sample: counter or gauge value,
-// or histogram/summary sample count.
+// or histogram/summary sample count; and each gauge series with one label
+// under name{value}.
 func gather(t *testing.T, g prometheus.Gatherer) map[string]float64 {
 	t.Helper()
 	fams, err := g.Gather()
@@ -117,6 +118,11 @@ func gather(t *testing.T, g prometheus.Gatherer) map[string]float64 {
 	}
 	out := map[string]float64{}
 	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			if l := m.GetLabel(); len(l) == 1 && m.Gauge != nil {
+				out[f.GetName()+"{"+l[0].GetValue()+"}"] = m.Gauge.GetValue()
+			}
+		}
 		m := f.GetMetric()[0]
 		switch {
 		case m.Counter != nil:
@@ -127,24 +133,6 @@ func gather(t *testing.T, g prometheus.Gatherer) map[string]float64 {
 			out[f.GetName()] = float64(m.Histogram.GetSampleCount())
 		case m.Summary != nil:
 			out[f.GetName()] = float64(m.Summary.GetSampleCount())
-		}
-	}
-	return out
-}
-
-// gatherLabeled returns the gauge values of family name by the value of its one label.
-func gatherLabeled(t *testing.T, g prometheus.Gatherer, name string) map[string]float64 {
-	t.Helper()
-	fams, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, f := range fams {
-		if f.GetName() == name {
-			for _, m := range f.GetMetric() {
-				out[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
-			}
 		}
 	}
 	return out
