@@ -200,9 +200,9 @@ func (l *Ledger) Load(t Target) Load {
 	return Load{}
 }
 
-// Shared returns how many of keys are in flight on t (active) and how many of
-// those are still being prefilled there: work a request with these keys would
-// share rather than add.
+// Shared returns how many of keys (a prompt's chained keys) are in flight on t
+// (active) and how many of those are still being prefilled there: work a request
+// with these keys would share rather than add.
 func (l *Ledger) Shared(t Target, keys []uint64) (active, prefilling int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -210,10 +210,15 @@ func (l *Ledger) Shared(t Target, keys []uint64) (active, prefilling int) {
 	if tl == nil {
 		return 0, 0
 	}
+	// keys are chained (each stands for its whole prefix) and a reservation holds
+	// a prompt's every key, so the keys in flight here are a leading run: the
+	// count stops at the first one that is not, and a target that shares nothing
+	// costs one lookup, whatever the prompt's length.
 	for _, k := range keys {
-		if tl.active[k] > 0 {
-			active++
+		if tl.active[k] == 0 {
+			break
 		}
+		active++
 		if tl.prefilling[k] > 0 {
 			prefilling++
 		}
