@@ -366,7 +366,7 @@ func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate 
 // else the client's wall-clock times divided by --time-scale (which also divides
 // the router's overhead and the engines' real scheduling delays).
 func (f *fleet) send(ctx context.Context, base string, r *traces.Request) outcome {
-	o := outcome{arrival: r.Arrival, promptTokens: len(r.Prompt), outputTokens: r.OutputTokens}
+	o := outcome{arrival: r.Arrival, promptTokens: len(r.Prompt), outputTokens: r.OutputTokens, decisionCPU: -1}
 	body, _ := json.Marshal(map[string]any{"model": simModel, "prompt": r.Prompt, "max_tokens": r.OutputTokens,
 		"stream": true, "stream_options": map[string]any{"include_usage": true}})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(body))

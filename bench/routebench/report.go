@@ -22,6 +22,10 @@ type outcome struct {
 	ttft, e2e                  time.Duration
 	failed                     bool
 	decision                   time.Duration
+	// decisionCPU is the CPU time the deciding thread spent on the decision
+	// (offline only; -1 when unknown): unlike decision, it excludes the time the
+	// thread was descheduled, so it shows the decision's cost on a busy machine.
+	decisionCPU time.Duration
 	// available and captured are, in blocks, the longest prefix any worker truly
 	// cached at decision time and the chosen worker's (when truthKnown).
 	available, captured int
@@ -43,7 +47,10 @@ type Row struct {
 	Goodput                   float64 // requests/s meeting the TTFT SLO
 	SLOAttainment             float64
 	Imbalance                 float64 // max/mean busy time
-	DecisionP50, DecisionP99  float64 // µs
+	DecisionP50, DecisionP99  float64 // µs, wall clock
+	// DecisionCPUP50 and DecisionCPUP99 are the decision's CPU time in µs (offline
+	// only; NaN live).
+	DecisionCPUP50, DecisionCPUP99 float64
 	Makespan                  float64 // s
 	WallSeconds               float64
 	// TTFTs are every successful request's TTFT in ms, sorted (for the CDF plot).
@@ -63,7 +70,7 @@ func quantile(sorted []float64, q float64) float64 {
 // unknown: the imbalance is then computed from requests served per worker).
 func summarize(trace, policy, mode string, workers, blockSize int, rate float64, outs []outcome, busy map[string]time.Duration, slo time.Duration) Row {
 	row := Row{Trace: trace, Policy: policy, Mode: mode, Workers: workers, Rate: rate, Requests: len(outs), OracleHitRate: math.NaN()}
-	var ttft, e2e, dec []float64
+	var ttft, e2e, dec, decCPU []float64
 	var prompt, cached, outTok, avail, capt, truthPrompt int
 	var first, last time.Duration = math.MaxInt64, 0
 	good := 0
@@ -81,6 +88,9 @@ func summarize(trace, policy, mode string, workers, blockSize int, rate float64,
 		ttft = append(ttft, ms)
 		e2e = append(e2e, float64(o.e2e)/float64(time.Millisecond))
 		dec = append(dec, float64(o.decision)/float64(time.Microsecond))
+		if o.decisionCPU >= 0 {
+			decCPU = append(decCPU, float64(o.decisionCPU)/float64(time.Microsecond))
+		}
 		if o.ttft <= slo {
 			good++
 		}
@@ -93,6 +103,7 @@ func summarize(trace, policy, mode string, workers, blockSize int, rate float64,
 	slices.Sort(ttft)
 	slices.Sort(e2e)
 	slices.Sort(dec)
+	slices.Sort(decCPU)
 	row.TTFTs = ttft
 	if prompt > 0 {
 		row.HitRate = float64(cached) / float64(prompt)
@@ -105,6 +116,7 @@ func summarize(trace, policy, mode string, workers, blockSize int, rate float64,
 	row.TTFTP50, row.TTFTP95, row.TTFTP99 = quantile(ttft, .5), quantile(ttft, .95), quantile(ttft, .99)
 	row.E2EP50, row.E2EP99 = quantile(e2e, .5), quantile(e2e, .99)
 	row.DecisionP50, row.DecisionP99 = quantile(dec, .5), quantile(dec, .99)
+	row.DecisionCPUP50, row.DecisionCPUP99 = quantile(decCPU, .5), quantile(decCPU, .99)
 	if span := (last - first).Seconds(); span > 0 {
 		row.Makespan = span
 		row.OutputTokS = float64(outTok) / span
@@ -126,7 +138,8 @@ func summarize(trace, policy, mode string, workers, blockSize int, rate float64,
 
 var csvHeader = []string{"trace", "policy", "mode", "workers", "rate", "requests", "failed", "hit_rate", "oracle_hit_rate",
 	"available_hit", "captured_hit", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
-	"output_tok_s", "goodput_rps", "slo_attainment", "imbalance", "decision_p50_us", "decision_p99_us", "makespan_s", "wall_s"}
+	"output_tok_s", "goodput_rps", "slo_attainment", "imbalance", "decision_p50_us", "decision_p99_us", "makespan_s", "wall_s",
+	"decision_cpu_p50_us", "decision_cpu_p99_us"}
 
 func f(x float64) string {
 	if math.IsNaN(x) {
@@ -139,7 +152,7 @@ func (r Row) record() []string {
 	return []string{r.Trace, r.Policy, r.Mode, strconv.Itoa(r.Workers), f(r.Rate), strconv.Itoa(r.Requests), strconv.Itoa(r.Failed),
 		f(r.HitRate), f(r.OracleHitRate), f(r.AvailableHit), f(r.CapturedHit), f(r.TTFTP50), f(r.TTFTP95), f(r.TTFTP99),
 		f(r.E2EP50), f(r.E2EP99), f(r.OutputTokS), f(r.Goodput), f(r.SLOAttainment), f(r.Imbalance),
-		f(r.DecisionP50), f(r.DecisionP99), f(r.Makespan), f(r.WallSeconds)}
+		f(r.DecisionP50), f(r.DecisionP99), f(r.Makespan), f(r.WallSeconds), f(r.DecisionCPUP50), f(r.DecisionCPUP99)}
 }
 
 // WriteCSV writes rows to dir/results.csv.
@@ -192,10 +205,11 @@ func PrintTable(w io.Writer, rows []Row) {
 		return strconv.FormatFloat(x, 'f', prec, 64)
 	}
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Trace, r.Policy, num(r.Rate, 0),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Trace, r.Policy, num(r.Rate, 0),
 			r.Requests, r.Failed, pct(r.HitRate), pct(r.OracleHitRate), pct(r.AvailableHit), pct(r.CapturedHit),
 			num(r.TTFTP50, 0), num(r.TTFTP95, 0), num(r.TTFTP99, 0), num(r.E2EP50, 0), num(r.OutputTokS, 0),
-			num(r.Goodput, 2), num(r.Imbalance, 2), num(r.DecisionP50, 1), num(r.DecisionP99, 1))
+			num(r.Goodput, 2), num(r.Imbalance, 2), num(r.DecisionP50, 1), num(r.DecisionP99, 1),
+			num(r.DecisionCPUP50, 1), num(r.DecisionCPUP99, 1))
 	}
 	tw.Flush()
 }

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/kvindex/kvindex/internal/kvblock"
 	"github.com/kvindex/kvindex/internal/radix"
 	"github.com/kvindex/kvindex/internal/router"
+	"golang.org/x/sys/unix"
 )
 
 // simModel is the model name every simulated engine serves.
@@ -202,8 +204,21 @@ func (s *simulator) push(e *simEvent) {
 	heap.Push(&s.queue, e)
 }
 
+// threadCPUTime is the calling thread's CPU time (-1 if the clock is not there).
+func threadCPUTime() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		return -1
+	}
+	return time.Duration(ts.Nano())
+}
+
 // run replays the trace to the end and returns the per-request outcomes.
 func (s *simulator) run() ([]outcome, error) {
+	// One OS thread for the whole run, so that the thread's CPU clock measures
+	// the decisions (threadCPUTime).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	for i := range s.tr.Requests {
 		s.push(&simEvent{at: s.tr.Requests[i].Arrival, kind: evArrival, i: i})
 	}
@@ -248,7 +263,7 @@ func (s *simulator) arrive(i int) error {
 	route.SetPool(simModel+"\x00both", 1, s.targets)
 	engReq := fakeengine.Request{Prompt: tr.Prompt, MaxTokens: tr.OutputTokens}
 
-	start := time.Now()
+	start, startCPU := time.Now(), threadCPUTime()
 	cands := s.candidates(route, engReq)
 	var pick int
 	switch {
@@ -273,6 +288,10 @@ func (s *simulator) arrive(i int) error {
 		s.treeTokens[w] += max(len(tr.Prompt)-overlap*s.cfg.BlockSize, 0)
 	}
 	r.decision = time.Since(start)
+	r.decisionCPU = -1
+	if startCPU >= 0 {
+		r.decisionCPU = threadCPUTime() - startCPU
+	}
 
 	if s.cfg.Workers <= s.cfg.TruthLimit {
 		r.truthKnown = true

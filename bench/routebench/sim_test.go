@@ -172,7 +172,7 @@ func replayAlone(t *testing.T, cfg *Config, w int, subs []submission) []fakeengi
 // Only the measured wall-clock columns may differ.
 func TestOfflineRunRepeatsExactly(t *testing.T) {
 	simulated := func(r Row) Row {
-		r.DecisionP50, r.DecisionP99, r.WallSeconds = 0, 0, 0
+		r.DecisionP50, r.DecisionP99, r.DecisionCPUP50, r.DecisionCPUP99, r.WallSeconds = 0, 0, 0, 0, 0
 		if math.IsNaN(r.OracleHitRate) { // not computed here; NaN != NaN
 			r.OracleHitRate = -1
 		}
