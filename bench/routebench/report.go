@@ -51,8 +51,8 @@ type Row struct {
 	// DecisionCPUP50 and DecisionCPUP99 are the decision's CPU time in µs (offline
 	// only; NaN live).
 	DecisionCPUP50, DecisionCPUP99 float64
-	Makespan                  float64 // s
-	WallSeconds               float64
+	Makespan                       float64 // s
+	WallSeconds                    float64
 	// TTFTs are every successful request's TTFT in ms, sorted (for the CDF plot).
 	TTFTs []float64 `csv:"-"`
 }
