@@ -1,6 +1,7 @@
 package deploytest
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"path/filepath"
@@ -230,7 +231,7 @@ func checkIndexer(t *testing.T, r *rendered, replicas int, selector string) {
 		t.Errorf("indexer command %q: pods other than 0 must --join through the indexer Service", script)
 	}
 	for _, pod := range []string{"kv-indexer-0", "kv-indexer-1"} {
-		args := expand(c.Args, map[string]string{"POD_NAME": pod, "POD_IP": "10.1.2.3", "POD_NAMESPACE": namespace})
+		args := expand(c.Args, map[string]string{"POD_NAME": pod, "POD_NAMESPACE": namespace})
 		if pod != "kv-indexer-0" {
 			args = append(args, "--join=kv-indexer."+namespace+".svc:7070")
 		}
@@ -249,6 +250,16 @@ func checkIndexer(t *testing.T, r *rendered, replicas int, selector string) {
 		}
 		if got, want := portOf(t, cfg.Raft.RaftAddr), containerPort(t, c, "raft"); got != want {
 			t.Errorf("--raft-addr port %d, container port raft %d", got, want)
+		}
+		// Peers reach a member by its stable name through the headless Service (a
+		// pod IP changes when the pod is rescheduled; the raft configuration keeps
+		// what was advertised).
+		stable := pod + "." + s.Spec.ServiceName + "." + namespace + ".svc"
+		if want := fmt.Sprintf("%s:%d", stable, containerPort(t, c, "raft")); cfg.Raft.RaftAdvertise != want {
+			t.Errorf("--raft-advertise %q, want the pod's stable name %q", cfg.Raft.RaftAdvertise, want)
+		}
+		if want := fmt.Sprintf("%s:%d", stable, containerPort(t, c, "grpc")); cfg.GRPCAdvertise != want {
+			t.Errorf("--grpc-advertise %q, want the pod's stable name %q", cfg.GRPCAdvertise, want)
 		}
 		if cfg.Kube.Selector != selector || selector != "" && cfg.Kube.Namespace != namespace {
 			t.Errorf("indexer discovery %+v, want selector %q in the release namespace", cfg.Kube, selector)

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -19,24 +20,57 @@ type tcpStreamLayer struct {
 var _ raft.StreamLayer = (*tcpStreamLayer)(nil)
 
 // NewTCPStreamLayer listens on bind and advertises advertise (the listener's
-// address when empty), which must name a specific host that peers can dial.
+// address when empty), which must name a specific host that peers can dial: an
+// IP address, or a DNS name kept as a name. A name is what a StatefulSet gives a
+// member (pod-0.svc-headless.ns.svc:7090): its pod IP changes when the pod is
+// rescheduled, its name does not, and peers resolve it at every dial, so the
+// member's address in the raft configuration stays right across restarts.
 func NewTCPStreamLayer(bind, advertise string) (raft.StreamLayer, error) {
+	var adv net.Addr
+	if advertise != "" {
+		var err error
+		if adv, err = advertiseAddr(advertise); err != nil {
+			return nil, err
+		}
+	}
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: raft listener: %w", err)
 	}
-	var adv net.Addr = ln.Addr()
-	if advertise != "" {
-		if adv, err = net.ResolveTCPAddr("tcp", advertise); err != nil {
+	if adv == nil {
+		adv = ln.Addr()
+		if tcp, ok := adv.(*net.TCPAddr); !ok || tcp.IP == nil || tcp.IP.IsUnspecified() {
 			ln.Close()
-			return nil, fmt.Errorf("%w: RaftAdvertise %q: %w", ErrInvalidConfig, advertise, err)
+			return nil, fmt.Errorf("%w: raft address %v cannot be dialled by peers; set RaftAdvertise", ErrInvalidConfig, adv)
 		}
 	}
-	if tcp, ok := adv.(*net.TCPAddr); !ok || tcp.IP == nil || tcp.IP.IsUnspecified() {
-		ln.Close()
-		return nil, fmt.Errorf("%w: raft address %v cannot be dialled by peers; set RaftAdvertise", ErrInvalidConfig, adv)
-	}
 	return &tcpStreamLayer{Listener: ln, advertise: adv}, nil
+}
+
+// hostAddr is an advertised address that is a DNS name and a port.
+type hostAddr string
+
+func (a hostAddr) Network() string { return "tcp" }
+func (a hostAddr) String() string  { return string(a) }
+
+// advertiseAddr checks an advertised host:port: a specific IP (not 0.0.0.0 or
+// ::) or a DNS name, and a port.
+func advertiseAddr(advertise string) (net.Addr, error) {
+	host, portText, err := net.SplitHostPort(advertise)
+	var port uint64
+	if err == nil {
+		port, err = strconv.ParseUint(portText, 10, 16)
+	}
+	if err != nil || host == "" {
+		return nil, fmt.Errorf("%w: RaftAdvertise %q is not host:port", ErrInvalidConfig, advertise)
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		if ip.IsUnspecified() {
+			return nil, fmt.Errorf("%w: RaftAdvertise %q cannot be dialled by peers (unspecified address)", ErrInvalidConfig, advertise)
+		}
+		return &net.TCPAddr{IP: ip, Port: int(port)}, nil
+	}
+	return hostAddr(net.JoinHostPort(host, portText)), nil
 }
 
 func (t *tcpStreamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
