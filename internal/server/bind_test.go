@@ -69,6 +69,47 @@ func (a *seqAudit) check(node string, s ingest.Stream, after, upTo uint64) (lost
 	return lost, twice
 }
 
+// checkEvery checks that every live node applied every seq in (base, final]
+// exactly once and returns how many batches that was per node; it fails the
+// test when too few were published for the audit to prove anything.
+func (a *seqAudit) checkEvery(t *testing.T, c *testCluster, base, final map[ingest.Stream]uint64) (published int) {
+	t.Helper()
+	for _, cn := range c.live() {
+		for s, last := range final {
+			lost, twice := a.check(cn.id, s, base[s], last)
+			if len(lost) > 0 || len(twice) > 0 {
+				t.Errorf("%s, stream %v, seqs %d..%d: lost %v, applied twice %v", cn.id, s, base[s]+1, last, lost, twice)
+			}
+		}
+	}
+	for s, last := range final {
+		published += int(last - base[s])
+	}
+	if published < 50 {
+		t.Errorf("only %d batches published under load: the audit proves little", published)
+	}
+	return published
+}
+
+// killLeaderUnderLoad kills leader abruptly while a load (of the given seed)
+// runs on the engines, waits for a successor, lets the load go on, then stops it and checks
+// every survivor against the engines' caches. It returns the killed node, its
+// successor, the time from the kill to the successor's election, and every
+// stream's last published seq.
+func killLeaderUnderLoad(t *testing.T, c *testCluster, leader *clusterNode, engines map[string]*fakeengine.Engine, seed uint64) (killed, next *clusterNode, failover time.Duration, final map[ingest.Stream]uint64) {
+	t.Helper()
+	load := startLoad(engines, seed)
+	time.Sleep(700 * time.Millisecond)
+	killedAt := time.Now()
+	c.kill(leader)
+	next = c.leader(30 * time.Second)
+	failover = time.Since(killedAt)
+	time.Sleep(1500 * time.Millisecond)
+	load.stop(t)
+	checkReplicas(t, c, engines, load.prompts[:min(len(load.prompts), 40)])
+	return leader, next, failover, lastSeqs(t, engines)
+}
+
 // freeLoopbackPort returns a TCP port free on every interface now.
 func freeLoopbackPort(t *testing.T) int {
 	t.Helper()
@@ -161,33 +202,8 @@ func TestBindModeOnFollowersSurvivesLeaderKill(t *testing.T) {
 		}
 	}
 
-	load := startLoad(engines, 5)
-	time.Sleep(700 * time.Millisecond)
-	killed := leader
-	killedAt := time.Now()
-	c.kill(killed)
-	newLeader := c.leader(30 * time.Second)
-	failover := time.Since(killedAt)
-	time.Sleep(1500 * time.Millisecond)
-	load.stop(t)
-	checkReplicas(t, c, engines, load.prompts[:min(len(load.prompts), 40)])
-
-	final := lastSeqs(t, engines)
-	published := 0
-	for _, cn := range c.live() {
-		for s, last := range final {
-			lost, twice := audit.check(cn.id, s, base[s], last)
-			if len(lost) > 0 || len(twice) > 0 {
-				t.Errorf("%s, stream %v, seqs %d..%d: lost %v, applied twice %v", cn.id, s, base[s]+1, last, lost, twice)
-			}
-		}
-	}
-	for s, last := range final {
-		published += int(last - base[s])
-	}
-	if published < 50 {
-		t.Errorf("only %d batches published under load: the audit proves little", published)
-	}
+	killed, newLeader, failover, final := killLeaderUnderLoad(t, c, leader, engines, 5)
+	published := audit.checkEvery(t, c, base, final)
 	other := slices.DeleteFunc(c.live(), func(cn *clusterNode) bool { return cn == newLeader })[0]
 	if n := labeled(t, other.srv, "kvindex_ingest_forward_frames_total", "result", "sent"); n == 0 {
 		t.Errorf("%s, a follower after the kill, forwarded nothing to the new leader %s", other.id, newLeader.id)
