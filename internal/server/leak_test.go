@@ -12,7 +12,20 @@ import (
 // keep-alive connections of the tests' own HTTP clients belong to net/http's
 // pool, not to the server, and are left out.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(stopBenchServer{m},
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"))
+}
+
+// stopBenchServer stops the server the benchmarks share (started once, on first
+// use) when the tests and benchmarks are done, before the leak check.
+type stopBenchServer struct{ m *testing.M }
+
+func (s stopBenchServer) Run() int {
+	code := s.m.Run()
+	if bench != nil {
+		bench.conn.Close()
+		bench.stop()
+	}
+	return code
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/kvindex/kvindex/internal/kvblock"
@@ -44,7 +43,34 @@ type scoreResult struct {
 	applied      uint64
 	// workers holds every candidate, highest blocks first, ties by id.
 	workers []workerResult
+
+	// Buffers of the computation, kept with the result so that a released
+	// result lends them to the next request (see newScoreResult): the prompt's
+	// block keys, Match's answer, the candidates in id order, the backing
+	// array of their ranks, and their encoded sizes (scorewire.go).
+	keys    []uint64
+	matches []radix.WorkerMatch
+	byID    []workerResult
+	ranks   []rankResult
+	sizes   []int
 }
+
+// resultPool recycles scoreResults with their buffers: a 2k-token query over 64
+// workers otherwise allocates ~24 KB of them, which at thousands of queries a
+// second is what paces garbage collection (and its latency spikes).
+var resultPool = sync.Pool{New: func() any { return new(scoreResult) }}
+
+// newScoreResult returns an empty result, with a released one's buffers.
+func newScoreResult() *scoreResult {
+	r := resultPool.Get().(*scoreResult)
+	*r = scoreResult{keys: r.keys[:0], matches: r.matches[:0], byID: r.byID[:0], ranks: r.ranks[:0], sizes: r.sizes[:0], workers: r.workers[:0]}
+	return r
+}
+
+// release hands r's buffers to a later request. The caller must not use r, or
+// anything but the strings it holds, afterwards; a result never released is
+// merely collected.
+func (r *scoreResult) release() { resultPool.Put(r) }
 
 // matched is how many of r.workers (those first) have a matched block.
 func (r *scoreResult) matched() int {
@@ -96,11 +122,10 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := &scoreResult{model: q.model, blockSize: bs}
+	res := newScoreResult()
+	res.model, res.blockSize = q.model, bs
 
-	kb := keyPool.Get().(*[]uint64)
-	defer keyPool.Put(kb)
-	keys := (*kb)[:0]
+	var keys []uint64
 	if q.byHash {
 		if len(q.localKeys) > a.maxPromptTokens {
 			return nil, fmt.Errorf("%w: %d block hashes, more than the limit of %d", ErrTooLarge, len(q.localKeys), a.maxPromptTokens)
@@ -112,8 +137,8 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 			return nil, err
 		}
 		res.promptTokens = len(tokens)
-		keys = kvblock.AppendLocalHashes(keys, tokens, bs, q.lora)
-		*kb = keys
+		res.keys = kvblock.AppendLocalHashes(res.keys[:0], tokens, bs, q.lora)
+		keys = res.keys
 	}
 	res.totalBlocks = len(keys)
 	ns := kvblock.Namespace{Model: q.model, LoRA: q.lora, CacheSalt: q.salt}
@@ -122,15 +147,19 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 		a.names.learn(nsID, ns)
 	}
 
-	// Candidates in id order, and the filter of those that can hold these keys:
-	// workers of the model with the same block size.
+	// Candidates in id order. The eligible ones can hold these keys: live
+	// workers of the model with the same block size (or none known).
+	eligible := func(w *viewWorker) bool {
+		return !w.dead && w.model == q.model && (w.blockSize == 0 || w.blockSize == bs)
+	}
 	var cands []*viewWorker
-	var filter []string
+	var filter []string // nil: Match answers for every worker of the namespace
 	if q.workers == nil {
+		// The namespace holds only this model's workers, so Match needs no filter
+		// (resolving one costs a map lookup per worker of the model on every
+		// request); the merge below drops the ineligible ones, whose answers are
+		// independent of the others'.
 		cands = mv.all()
-		if filter = mv.idsWithBlockSize(bs); filter == nil {
-			filter = []string{}
-		}
 	} else {
 		ids := slices.Compact(slices.Sorted(slices.Values(q.workers)))
 		cands = make([]*viewWorker, len(ids))
@@ -139,39 +168,43 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 			w := view.byID[id]
 			if w == nil {
 				w = &viewWorker{id: id} // unknown: scores zero, reports no ranks
-			} else if !w.dead && w.model == q.model && (w.blockSize == 0 || w.blockSize == bs) {
+			} else if eligible(w) {
 				// A dead worker holds no block; named, it is reported with zero.
 				filter = append(filter, id)
 			}
 			cands[i] = w
 		}
 	}
-	mb := matchPool.Get().(*[]radix.WorkerMatch)
-	defer matchPool.Put(mb)
 	res.applied = a.backend.AppliedIndex()
-	matches := a.backend.Index().Match(nsID, keys, filter, (*mb)[:0])
-	*mb = matches
+	if len(cands) > 0 && (filter == nil || len(filter) > 0) {
+		res.matches = a.backend.Index().Match(nsID, keys, filter, res.matches[:0])
+	}
+	matches := res.matches
 
 	ranks := 0
 	for _, w := range cands {
 		ranks += int(w.ranks)
 	}
-	flat := make([]rankResult, 0, ranks)
-	res.workers = make([]workerResult, len(cands))
-	matched := 0 // res.workers[:matched] have blocks
+	flat := slices.Grow(res.ranks[:0], ranks)
+	byID := slices.Grow(res.byID[:0], len(cands))[:len(cands)]
+	matched := 0 // how many of byID have blocks
 	m := 0
 	for i, w := range cands {
 		for m < len(matches) && matches[m].Worker.Worker < w.id {
 			m++
 		}
-		wr := &res.workers[i]
-		wr.id, wr.registered = w.id, w.model != ""
+		wr := &byID[i]
+		*wr = workerResult{id: w.id, registered: w.model != ""}
 		start := len(flat)
 		for r := range w.ranks {
 			flat = append(flat, rankResult{rank: r})
 		}
 		wr.ranks = flat[start:len(flat):len(flat)]
+		ok := eligible(w)
 		for ; m < len(matches) && matches[m].Worker.Worker == w.id; m++ {
+			if !ok {
+				continue
+			}
 			wm := &matches[m]
 			rank := wm.Worker.DPRank
 			for uint32(len(wr.ranks)) <= rank { // a rank beyond the spec's dp_size
@@ -183,19 +216,26 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 			}
 		}
 		if wr.blocks > 0 {
-			res.workers[matched], res.workers[i] = res.workers[i], res.workers[matched]
 			matched++
 		}
 	}
-	// Workers without blocks stay in id order after the others; swapping moved
-	// some of them, so restore their order, then sort the matched ones.
-	slices.SortFunc(res.workers[matched:], func(x, y workerResult) int { return strings.Compare(x.id, y.id) })
-	slices.SortFunc(res.workers[:matched], func(x, y workerResult) int {
-		if c := cmp.Compare(y.blocks, x.blocks); c != 0 {
-			return c
+	res.ranks, res.byID = flat, byID
+	// Matched workers first, highest blocks first, ties by id; then the others,
+	// by id. Both parts keep id order when copied out of byID, so only the
+	// matched part needs sorting, and stably by blocks alone.
+	out := slices.Grow(res.workers[:0], len(byID))[:len(byID)]
+	mi, ui := 0, matched
+	for i := range byID {
+		if byID[i].blocks > 0 {
+			out[mi] = byID[i]
+			mi++
+		} else {
+			out[ui] = byID[i]
+			ui++
 		}
-		return strings.Compare(x.id, y.id)
-	})
+	}
+	slices.SortStableFunc(out[:matched], func(x, y workerResult) int { return cmp.Compare(y.blocks, x.blocks) })
+	res.workers = out
 	return res, nil
 }
 
@@ -263,8 +303,3 @@ func (a *API) tokenizer(model string) (tokenize.Tokenizer, error) {
 	}
 	return nil, fmt.Errorf("%w: no tokenizer for model %q; send token_ids, or start the indexer with --tokenizer %s=<dir>", ErrUnknownModel, model, model)
 }
-
-var (
-	keyPool   = sync.Pool{New: func() any { return new([]uint64) }}
-	matchPool = sync.Pool{New: func() any { return new([]radix.WorkerMatch) }}
-)
