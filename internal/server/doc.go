@@ -14,7 +14,10 @@
 // kvindex.v1 messages as JSON, hermes-router's POST /kv-cache/hit-rate, Dynamo's
 // and Mooncake's /query, /query_by_hash, /register, /unregister, plus /workers,
 // /dump, /cluster, /healthz, /readyz and /metrics. docs/api.md is the contract.
-// Every API shapes one scoring core (score.go). Errors are wrapped sentinels
+// Every API shapes one scoring core (score.go); gRPC Score and QueryByHash,
+// the per-request calls of a router, take a fast path to it (scorewire.go:
+// pooled requests and results, the answer written straight to the wire) that a
+// test holds byte for byte to the generated-type form. Errors are wrapped sentinels
 // mapped to gRPC codes and HTTP statuses by the one table in errors.go.
 //
 // Backend is everything the handlers need from "the node"; raftBackend
