@@ -47,9 +47,13 @@ var indexServiceDesc = func() grpc.ServiceDesc {
 	for i := range d.Methods {
 		switch d.Methods[i].MethodName {
 		case "Score":
-			d.Methods[i].Handler = scoreHandler
+			d.Methods[i].Handler = fastHandler(&scoreRequests, kvindexv1.IndexService_Score_FullMethodName,
+				func(r *kvindexv1.ScoreRequest) *[]uint32 { return &r.TokenIds },
+				indexService.scoreResult, func(r *scoreResult) any { return (*scoreWire)(r) })
 		case "QueryByHash":
-			d.Methods[i].Handler = queryByHashHandler
+			d.Methods[i].Handler = fastHandler(&queryByHashRequests, kvindexv1.IndexService_QueryByHash_FullMethodName,
+				func(r *kvindexv1.QueryByHashRequest) *[]uint64 { return &r.BlockHashes },
+				indexService.queryByHashResult, func(r *scoreResult) any { return (*queryByHashWire)(r) })
 		}
 	}
 	return d
@@ -64,55 +68,41 @@ var (
 // a rare huge prompt does not pin its buffer in the pool.
 const maxPooledIDs = 1 << 15
 
-func scoreHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
-	req := scoreRequests.Get().(*kvindexv1.ScoreRequest)
-	defer func() {
-		if ids := req.TokenIds; cap(ids) <= maxPooledIDs {
-			*req = kvindexv1.ScoreRequest{TokenIds: ids[:0]}
-			scoreRequests.Put(req)
-		}
-	}()
-	if err := dec(req); err != nil {
-		return nil, err
-	}
-	s := srv.(indexService)
-	return intercept(ctx, req, srv, kvindexv1.IndexService_Score_FullMethodName, interceptor, func(ctx context.Context, req any) (any, error) {
-		res, err := s.scoreResult(ctx, req.(*kvindexv1.ScoreRequest))
-		if err != nil {
+// fastHandler is a generated-style method handler that decodes into a request
+// from pool, computes its result through the server's interceptor and answers
+// with wire(result). When the call is done it empties the request, keeping the
+// capacity of its ids field, and pools it again. The answer refers to nothing
+// of the request but its strings, which emptying it does not touch.
+func fastHandler[R any, P interface {
+	*R
+	proto.Message
+}, T uint32 | uint64](pool *sync.Pool, method string, ids func(P) *[]T,
+	result func(indexService, context.Context, P) (*scoreResult, error), wire func(*scoreResult) any) grpc.MethodHandler {
+	return func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+		req := P(pool.Get().(*R))
+		defer func() {
+			if kept := (*ids(req))[:0]; cap(kept) <= maxPooledIDs {
+				proto.Reset(req)
+				*ids(req) = kept
+				pool.Put((*R)(req))
+			}
+		}()
+		if err := dec(req); err != nil {
 			return nil, err
 		}
-		return (*scoreWire)(res), nil
-	})
-}
-
-func queryByHashHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
-	req := queryByHashRequests.Get().(*kvindexv1.QueryByHashRequest)
-	defer func() {
-		if hashes := req.BlockHashes; cap(hashes) <= maxPooledIDs {
-			*req = kvindexv1.QueryByHashRequest{BlockHashes: hashes[:0]}
-			queryByHashRequests.Put(req)
+		s := srv.(indexService)
+		handler := func(ctx context.Context, req any) (any, error) {
+			res, err := result(s, ctx, req.(P))
+			if err != nil {
+				return nil, err
+			}
+			return wire(res), nil
 		}
-	}()
-	if err := dec(req); err != nil {
-		return nil, err
-	}
-	s := srv.(indexService)
-	return intercept(ctx, req, srv, kvindexv1.IndexService_QueryByHash_FullMethodName, interceptor, func(ctx context.Context, req any) (any, error) {
-		res, err := s.queryByHashResult(ctx, req.(*kvindexv1.QueryByHashRequest))
-		if err != nil {
-			return nil, err
+		if interceptor == nil {
+			return handler(ctx, req)
 		}
-		return (*queryByHashWire)(res), nil
-	})
-}
-
-// intercept runs handler through the server's interceptor, as generated
-// handlers do.
-func intercept(ctx context.Context, req, srv any, method string, interceptor grpc.UnaryServerInterceptor, handler grpc.UnaryHandler) (any, error) {
-	if interceptor == nil {
-		return handler(ctx, req)
+		return interceptor(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: method}, handler)
 	}
-	return interceptor(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: method}, handler)
 }
 
 // serverCodec is gRPC's proto codec with two changes: a wireMessage writes
