@@ -12,7 +12,7 @@ TEST_TIMEOUT ?= 15m
 
 export CGO_ENABLED := 1
 
-.PHONY: all deps build test test-long bench bench-route bench-route-live lint proto demo fmt clean
+.PHONY: all deps build test test-long test-images bench bench-route bench-route-live lint proto demo fmt clean
 
 all: build
 
@@ -31,6 +31,11 @@ test: deps
 # Long soak and fault runs (minutes each); not part of `make test`.
 test-long: deps
 	KVINDEX_LONG=1 $(GO) test -race -timeout 60m -run 'Long|Soak' $(RACE_PKGS)
+
+# The images' runtime stages replayed in a Debian bookworm chroot (root; fetches
+# Debian packages; the debootstrap is cached under .cache/). Not part of `make test`.
+test-images: deps
+	./scripts/image-smoke.sh
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./internal/... ./bench/...
