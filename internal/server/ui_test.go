@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -46,32 +47,20 @@ func TestUIStateMatchesTheAPIs(t *testing.T) {
 	f.generate("e0", 0, tokens(0, 40), "")
 	f.generate("e1", 0, tokens(0, 24), "")
 	f.generate("e2", 1, tokens(100, 16), "")
-	st := f.uiState()
-	workers := f.workersNow()
-	if len(st.Workers) != len(workers.Workers) {
-		t.Fatalf("%d workers in the console, %d in /workers", len(st.Workers), len(workers.Workers))
+	// The console and /workers are read one after the other, and a stream's
+	// state can move in between (connecting, replaying, live: idle replays run
+	// every 50 ms in tests), so the two reads are repeated until they agree.
+	var st uiState
+	var diffs []string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		st = f.uiState()
+		diffs = uiWorkerDiffs(st, f.workersNow())
+		if len(diffs) == 0 || time.Now().After(deadline) {
+			break
+		}
 	}
-	for i, w := range workers.Workers {
-		var lastSeq uint64
-		for _, r := range w.DpRanks {
-			lastSeq = max(lastSeq, r.LastSeq)
-		}
-		got := st.Workers[i]
-		// Idle replays flip a stream between live and replaying (every 50 ms
-		// in tests): either is as good as the other between two reads.
-		if flips := map[string]bool{"live": true, "replaying": true}; flips[got.State] && flips[stateJSON(w.State)] {
-			got.State = stateJSON(w.State)
-		}
-		want := uiWorker{ID: w.Spec.Id, Model: w.Spec.Model, GPUBlocks: w.GpuBlocks, CPUBlocks: w.CpuBlocks, DiskBlocks: w.DiskBlocks,
-			LastSeq: lastSeq, State: stateJSON(w.State), BlockSize: 4, DPSize: w.Spec.DpSize}
-		if got.ID != want.ID || got.Model != want.Model || got.GPUBlocks != want.GPUBlocks || got.CPUBlocks != want.CPUBlocks ||
-			got.DiskBlocks != want.DiskBlocks || got.LastSeq != want.LastSeq || got.State != want.State ||
-			got.BlockSize != want.BlockSize || got.DPSize != want.DPSize {
-			t.Errorf("worker %d: console %+v, /workers says %+v", i, got, want)
-		}
-		if got.GPUBlocks+got.CPUBlocks == 0 {
-			t.Errorf("worker %s holds no blocks after generating", got.ID)
-		}
+	for _, d := range diffs {
+		t.Error(d)
 	}
 	if len(st.Models) != 1 || st.Models[0] != testModel {
 		t.Errorf("models %v, want [%s]", st.Models, testModel)
@@ -94,6 +83,32 @@ func TestUIStateMatchesTheAPIs(t *testing.T) {
 		uint32(st.Index.Namespaces) != stats.Namespaces || st.Index.HeapBytes == 0 {
 		t.Errorf("index: console %+v, stats %+v", st.Index, stats)
 	}
+}
+
+// uiWorkerDiffs compares the console's workers with GET /workers' answer.
+func uiWorkerDiffs(st uiState, workers *kvindexv1.WorkersResponse) []string {
+	if len(st.Workers) != len(workers.Workers) {
+		return []string{fmt.Sprintf("%d workers in the console, %d in /workers", len(st.Workers), len(workers.Workers))}
+	}
+	var diffs []string
+	for i, w := range workers.Workers {
+		var lastSeq uint64
+		for _, r := range w.DpRanks {
+			lastSeq = max(lastSeq, r.LastSeq)
+		}
+		got := st.Workers[i]
+		want := uiWorker{ID: w.Spec.Id, Model: w.Spec.Model, GPUBlocks: w.GpuBlocks, CPUBlocks: w.CpuBlocks, DiskBlocks: w.DiskBlocks,
+			LastSeq: lastSeq, State: stateJSON(w.State), BlockSize: 4, DPSize: w.Spec.DpSize}
+		if got.ID != want.ID || got.Model != want.Model || got.GPUBlocks != want.GPUBlocks || got.CPUBlocks != want.CPUBlocks ||
+			got.DiskBlocks != want.DiskBlocks || got.LastSeq != want.LastSeq || got.State != want.State ||
+			got.BlockSize != want.BlockSize || got.DPSize != want.DPSize {
+			diffs = append(diffs, fmt.Sprintf("worker %d: console %+v, /workers says %+v", i, got, want))
+		}
+		if got.GPUBlocks+got.CPUBlocks == 0 {
+			diffs = append(diffs, fmt.Sprintf("worker %s holds no blocks after generating", got.ID))
+		}
+	}
+	return diffs
 }
 
 // TestUITryMatchesHitRate: the try panel's answer is POST /kv-cache/hit-rate's,
