@@ -18,6 +18,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
+// longPromptFleet is n fake engines with 16-token blocks and room (20,000 GPU
+// blocks, 16k-token prompts) for the benchmarks' long prompts.
+func longPromptFleet(b *testing.B, n int) *fleet {
+	return startFleet(b, n, func(_ int, c *fakeengine.Config) {
+		c.BlockSize = 16
+		c.NumGPUBlocks = 20000
+		c.MaxModelLen = 16384
+	})
+}
+
 // BenchmarkRouterOverhead measures what the router adds to a request: the same
 // completion requests (a shared 2k- or 8k-token prefix, a unique tail) go to one
 // fake engine directly and through a kv-aware router that asks a live in-process
@@ -30,11 +40,7 @@ import (
 func BenchmarkRouterOverhead(b *testing.B) {
 	for _, tokens := range []int{2048, 8192} {
 		b.Run(fmt.Sprintf("prompt=%d", tokens), func(b *testing.B) {
-			f := startFleet(b, 1, func(_ int, c *fakeengine.Config) {
-				c.BlockSize = 16
-				c.NumGPUBlocks = 20000
-				c.MaxModelLen = 16384
-			})
+			f := longPromptFleet(b, 1)
 			ix := startIndexer(b, f)
 			cfg := testConfig(b, f)
 			cfg.Indexer = []string{ix.addr}
@@ -122,11 +128,7 @@ func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond)
 func BenchmarkPrepareAndDecide(b *testing.B) {
 	for _, tokens := range []int{2048, 8192} {
 		b.Run(fmt.Sprintf("prompt=%d", tokens), func(b *testing.B) {
-			f := startFleet(b, 4, func(_ int, c *fakeengine.Config) {
-				c.BlockSize = 16
-				c.NumGPUBlocks = 20000
-				c.MaxModelLen = 16384
-			})
+			f := longPromptFleet(b, 4)
 			ix := startIndexer(b, f)
 			cfg := testConfig(b, f)
 			cfg.Indexer = []string{ix.addr}
@@ -253,11 +255,7 @@ func cpuTime() time.Duration {
 func BenchmarkDecideFleetSize(b *testing.B) {
 	for _, n := range []int{8, 100, 1000} {
 		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
-			f := startFleet(b, 1, func(_ int, c *fakeengine.Config) {
-				c.BlockSize = 16
-				c.NumGPUBlocks = 20000
-				c.MaxModelLen = 16384
-			})
+			f := longPromptFleet(b, 1)
 			ix := startIndexer(b, f)
 			cfg := testConfig(b, f)
 			real := cfg.Workers[0]
@@ -275,35 +273,31 @@ func BenchmarkDecideFleetSize(b *testing.B) {
 			}
 			ix.caughtUp(b, f)
 			ctx := context.Background()
-			decide := func(i int) *Decision {
+			prepare := func(i int) *prepared {
 				body := []byte(fmt.Sprintf(`{"model":%q,"prompt":"%s unique tail %08d","max_tokens":1}`, testModel, prefix, i))
 				p, err := rt.prepare(http.Header{}, "/v1/completions", endpointCompletions, body)
 				if err != nil {
 					b.Fatal(err)
 				}
-				d, err := rt.decide(ctx, p, nil, false)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return d
+				return p
 			}
 			var held []*Decision
-			for i := range n / 4 {
-				held = append(held, decide(-1-i))
-			}
 			defer func() {
 				for _, d := range held {
 					d.release()
 				}
 			}()
-			lat := make([]time.Duration, 0, b.N)
-			b.ResetTimer()
-			for i := range b.N {
-				body := []byte(fmt.Sprintf(`{"model":%q,"prompt":"%s unique tail %08d","max_tokens":1}`, testModel, prefix, i))
-				p, err := rt.prepare(http.Header{}, "/v1/completions", endpointCompletions, body)
+			for i := range n / 4 {
+				d, err := rt.decide(ctx, prepare(-1-i), nil, false)
 				if err != nil {
 					b.Fatal(err)
 				}
+				held = append(held, d)
+			}
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := range b.N {
+				p := prepare(i)
 				t0 := time.Now()
 				d, err := rt.decide(ctx, p, nil, false)
 				lat = append(lat, time.Since(t0))
