@@ -119,9 +119,9 @@ func (o *overlay) expireLocked(now int64) {
 // Match sets short[i] and long[i] to how many leading keys targets[i] holds
 // within the short and the long horizon (long may be nil when not wanted).
 //
-// Its cost is one interned-id lookup per target plus, per key, the work on the
-// targets still matching: in a large fleet few targets hold a prompt's first
-// block, so the walk down the prompt does not scale with the fleet.
+// Its cost is one interned-id lookup per target plus, per key, one lookup per
+// target routed that key: in a large fleet few targets hold a prompt's blocks,
+// so the walk down the prompt does not scale with the fleet.
 func (o *overlay) Match(keys []uint64, targets []Target, now time.Time, short, long []int) {
 	clear(short)
 	clear(long)
@@ -132,65 +132,31 @@ func (o *overlay) Match(keys []uint64, targets []Target, now time.Time, short, l
 	if len(keys) == 0 || len(o.m[keys[0]]) == 0 {
 		return
 	}
-	type matching struct {
-		i               int    // position in targets
-		id              uint32 // interned target
-		inShort, inLong bool   // still matching within each horizon
-	}
-	var alive []matching
+	pos := make(map[uint32]int, len(targets)) // interned target → its index in targets
 	for i, t := range targets {
 		if id, ok := o.ids[t]; ok {
-			alive = append(alive, matching{i: i, id: id, inShort: true, inLong: long != nil})
+			pos[id] = i
 		}
 	}
-	var byID map[uint32]int // mark index by target, for keys routed to many targets
-	for _, k := range keys {
-		marks := o.m[k]
-		if len(marks) == 0 {
-			return
-		}
-		find := func(id uint32) int {
-			for j := range marks {
-				if marks[j].t == id {
-					return j
-				}
+	// A target still matches at depth d when its count is d; each key's marks
+	// (one per target routed it) advance those that do.
+	for depth, k := range keys {
+		advanced := false
+		for _, m := range o.m[k] {
+			i, ok := pos[m.t]
+			if !ok {
+				continue
 			}
-			return -1
-		}
-		if len(marks) > 16 && len(alive) > 16 {
-			if byID == nil {
-				byID = make(map[uint32]int, len(marks))
+			if short[i] == depth && m.short > ns {
+				short[i]++
+				advanced = true
 			}
-			clear(byID)
-			for j := range marks {
-				byID[marks[j].t] = j
-			}
-			find = func(id uint32) int {
-				if j, ok := byID[id]; ok {
-					return j
-				}
-				return -1
+			if long != nil && long[i] == depth && m.long > ns {
+				long[i]++
+				advanced = true
 			}
 		}
-		kept := alive[:0]
-		for _, a := range alive {
-			j := find(a.id)
-			if j < 0 {
-				continue // dropped out of both
-			}
-			a.inShort = a.inShort && marks[j].short > ns
-			a.inLong = a.inLong && marks[j].long > ns
-			if a.inShort {
-				short[a.i]++
-			}
-			if a.inLong {
-				long[a.i]++
-			}
-			if a.inShort || a.inLong {
-				kept = append(kept, a)
-			}
-		}
-		if alive = kept; len(alive) == 0 {
+		if !advanced {
 			return
 		}
 	}
