@@ -141,30 +141,43 @@ func callWithoutToken(t *testing.T, cc *grpc.ClientConn, method string, stream b
 	return status.Code(s.RecvMsg(&emptypb.Empty{}))
 }
 
-// TestListenersBeyondLoopbackWithoutTLSAreWarnedAbout: a node whose gRPC
-// listener is not loopback and has no TLS logs a loud warning naming it at
-// start; its loopback listeners are not named.
+// TestListenersBeyondLoopbackWithoutTLSAreWarnedAbout: a node whose raft,
+// gRPC or HTTP listener is not loopback and has no TLS logs a loud warning
+// naming that listener at start; its loopback listeners are not named.
 func TestListenersBeyondLoopbackWithoutTLSAreWarnedAbout(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.GRPCAddr, cfg.GRPCAdvertise, cfg.AdminToken = "0.0.0.0:0", "127.0.0.1:7070", adminToken
-	logs := &lockedBuffer{}
-	srv, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := srv.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
-	out := logs.String()
-	if !strings.Contains(out, "level=WARN msg=\"INSECURE") || !strings.Contains(out, "flag=--grpc-addr") {
-		t.Errorf("no INSECURE warning naming --grpc-addr in:\n%s", out)
-	}
-	for _, quiet := range []string{"flag=--http-addr", "flag=--raft-addr"} {
-		if strings.Contains(out, quiet) {
-			t.Errorf("a loopback listener is warned about (%s):\n%s", quiet, out)
-		}
+	flags := []string{"--raft-addr", "--grpc-addr", "--http-addr"}
+	for _, exposed := range flags {
+		t.Run(exposed, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.AdminToken = adminToken
+			switch exposed {
+			case "--raft-addr":
+				cfg.Raft.RaftAddr, cfg.Raft.RaftAdvertise = "0.0.0.0:0", "127.0.0.1:7000"
+			case "--grpc-addr":
+				cfg.GRPCAddr, cfg.GRPCAdvertise = "0.0.0.0:0", "127.0.0.1:7070"
+			case "--http-addr":
+				cfg.HTTPAddr = "0.0.0.0:0"
+			}
+			logs := &lockedBuffer{}
+			srv, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			if err := srv.Run(ctx); err != nil {
+				t.Fatal(err)
+			}
+			out := logs.String()
+			if !strings.Contains(out, "level=WARN msg=\"INSECURE") || !strings.Contains(out, "flag="+exposed) {
+				t.Errorf("no INSECURE warning naming %s in:\n%s", exposed, out)
+			}
+			for _, quiet := range flags {
+				if quiet != exposed && strings.Contains(out, "flag="+quiet) {
+					t.Errorf("a loopback listener is warned about (%s):\n%s", quiet, out)
+				}
+			}
+		})
 	}
 }
 
