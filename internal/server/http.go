@@ -373,11 +373,6 @@ func (a *API) handleDump(w http.ResponseWriter, r *http.Request) error {
 	wrote, changes := false, 0
 	rc := http.NewResponseController(w)
 	err := a.dump(r.Context(), req, func(m *kvindexv1.DumpResponse) error {
-		// A dump may take longer than --http-write-timeout as a whole; each part
-		// gets the timeout of its own, so only a stalled reader is cut off.
-		if a.writeTimeout > 0 {
-			rc.SetWriteDeadline(time.Now().Add(a.writeTimeout))
-		}
 		var buf bytes.Buffer
 		if !wrote {
 			w.Header().Set("Content-Type", "application/json")
@@ -394,6 +389,13 @@ func (a *API) handleDump(w http.ResponseWriter, r *http.Request) error {
 				return err
 			}
 			buf.Write(data)
+		}
+		// A dump may take longer than --http-write-timeout as a whole; each
+		// part's write gets the timeout of its own (from when it starts, not
+		// when its changes began to be encoded), so only a stalled reader is
+		// cut off.
+		if a.writeTimeout > 0 {
+			rc.SetWriteDeadline(time.Now().Add(a.writeTimeout))
 		}
 		_, err := w.Write(buf.Bytes())
 		return err

@@ -4,8 +4,11 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -258,21 +261,25 @@ func TestLimitsRefuseClearlyAndServeOthers(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// A gRPC client that opens a Dump and stops reading cannot keep the one dump
-// slot: once nothing could be sent for the write timeout, the stream ends and
-// the next Dump runs to its end.
+// A client that opens a Dump and stops reading cannot keep the one dump slot,
+// over gRPC or REST: once nothing could be sent for the write timeout, the
+// stream (the response) ends and the next Dump runs to its end.
 func TestStalledDumpReaderFreesTheSlot(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.HTTPWriteTimeout = 500 * time.Millisecond
-	srv, err := New(cfg, nil)
+	logs := &lockedBuffer{}
+	srv, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Enough blocks that the dump cannot fit in the flow-control windows of a
-	// client that reads nothing (64 KiB each, as set below).
+	// gRPC client that reads nothing (64 KiB each, as set below), nor in the
+	// socket buffers of a REST one (its JSON is several times tcp_wmem's 4 MiB
+	// maximum).
+	const blocks = 64 * 512
 	ns := kvblock.Namespace{Model: testModel}.ID()
 	keys, hashes := make([]uint64, 512), make([]uint64, 512)
-	for s := range 64 {
+	for s := range blocks / 512 {
 		for i := range keys {
 			keys[i], hashes[i] = uint64(s)<<32|uint64(i)+1, uint64(s)<<32|uint64(i)+1
 		}
@@ -284,45 +291,141 @@ func TestStalledDumpReaderFreesTheSlot(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	dialSmall := func() *grpc.ClientConn {
-		cc, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+
+	// untilWholeDump runs dumpOnce until it returns the whole index (nil),
+	// while it fails with retryable (the stalled dump still holds the slot,
+	// or this reader was itself descheduled past the write timeout by -race
+	// on busy cores).
+	untilWholeDump := func(t *testing.T, dumpOnce func() (changes int, err error, retryable bool)) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			n, err, retryable := dumpOnce()
+			if err == nil {
+				if n != blocks {
+					t.Fatalf("the dump after the stalled one sent %d changes, want %d", n, blocks)
+				}
+				return
+			}
+			if !retryable {
+				t.Fatalf("dump: %v", err)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no whole dump after the stalled one within 30 s; last: %v", err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	t.Run("gRPC", func(t *testing.T) {
+		dialSmall := func() *grpc.ClientConn {
+			cc, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cc.Close() })
+			return cc
+		}
+		stalled, err := kvindexv1.NewIndexServiceClient(dialSmall()).Dump(context.Background(), &kvindexv1.DumpRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { cc.Close() })
-		return cc
-	}
-	stalled, err := kvindexv1.NewIndexServiceClient(dialSmall()).Dump(context.Background(), &kvindexv1.DumpRequest{})
+		_ = stalled // never read
+		untilWholeDump(t, func() (int, error, bool) {
+			s, err := kvindexv1.NewIndexServiceClient(dialSmall()).Dump(context.Background(), &kvindexv1.DumpRequest{})
+			n := 0
+			for err == nil {
+				var m *kvindexv1.DumpResponse
+				if m, err = s.Recv(); err == nil {
+					n += len(m.Changes)
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				return n, nil, false
+			}
+			c := status.Code(err)
+			return n, err, c == codes.ResourceExhausted || c == codes.DeadlineExceeded
+		})
+	})
+
+	t.Run("REST", func(t *testing.T) {
+		conn, err := net.Dial("tcp", srv.HTTPAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.(*net.TCPConn).SetReadBuffer(4 << 10) // never read: the dump stalls once the buffers are full
+		if _, err := conn.Write([]byte("GET /dump HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		// The stalled reader has started its dump once the slot is taken:
+		// the first attempt below may otherwise win the slot before it.
+		for deadline := time.Now().Add(30 * time.Second); len(srv.api.dumps) == 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the stalled reader's dump never started")
+			}
+		}
+		client := &http.Client{Timeout: 30 * time.Second}
+		untilWholeDump(t, func() (int, error, bool) {
+			resp, err := client.Get("http://" + srv.HTTPAddr() + "/dump")
+			if err != nil {
+				return 0, err, false
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode == http.StatusTooManyRequests {
+				return 0, errors.New("429: the stalled dump holds the slot"), true
+			}
+			var dump struct {
+				Changes []json.RawMessage `json:"changes"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&dump); err != nil {
+				// Cut off: this reader was too slow for the write timeout.
+				return 0, fmt.Errorf("status %d, the body: %w", resp.StatusCode, err), resp.StatusCode == http.StatusOK
+			}
+			return len(dump.Changes), nil, false
+		})
+		// The stalled reader's response was cut off, not completed into the
+		// socket buffers.
+		if !strings.Contains(logs.String(), "dump interrupted") {
+			t.Errorf("the stalled REST reader's dump was not interrupted: the test's index fits in the socket buffers")
+		}
+	})
+}
+
+// TestIdleHTTPConnectionsAreClosed: a keep-alive connection that sends no next
+// request is closed after --http-idle-timeout (not after the much longer read
+// timeout), while other clients are served.
+func TestIdleHTTPConnectionsAreClosed(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPIdleTimeout = 500 * time.Millisecond
+	cfg.HTTPReadTimeout = time.Minute // longer than the wait below: only the idle timeout can end it
+	srv := runServer(t, cfg)
+	conn, err := net.Dial("tcp", srv.HTTPAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = stalled // never read
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		s, err := kvindexv1.NewIndexServiceClient(dialSmall()).Dump(context.Background(), &kvindexv1.DumpRequest{})
-		n := 0
-		for err == nil {
-			var m *kvindexv1.DumpResponse
-			if m, err = s.Recv(); err == nil {
-				n += len(m.Changes)
-			}
-		}
-		if errors.Is(err, io.EOF) {
-			if n != 64*512 {
-				t.Fatalf("the dump after the stalled one sent %d changes, want %d", n, 64*512)
-			}
-			return
-		}
-		// ResourceExhausted: the stalled dump still holds the slot. DeadlineExceeded:
-		// this reader was itself descheduled past the write timeout (-race on busy
-		// cores); either way, try again until the deadline.
-		if c := status.Code(err); c != codes.ResourceExhausted && c != codes.DeadlineExceeded {
-			t.Fatalf("dump: %v", err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no whole dump after the stalled one within 30 s; last: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	defer conn.Close()
+	if _, err := conn.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Close {
+		t.Fatalf("GET /healthz = %d (close %v), want 200 on a kept-alive connection", resp.StatusCode, resp.Close)
+	}
+	if resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + srv.HTTPAddr() + "/healthz"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("another client meanwhile: %v", err)
+	} else {
+		resp.Body.Close()
+	}
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if n, err := r.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Errorf("the idle connection: read %d bytes, %v; want it closed by the server (EOF) within 20 s", n, err)
 	}
 }
