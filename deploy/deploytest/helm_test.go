@@ -283,6 +283,41 @@ func checkIndexer(t *testing.T, r *rendered, replicas int, selector string) {
 	}
 }
 
+// checkRaftCAApart: with TLS, the indexer's --tls-client-ca and --raft-tls-ca
+// (and the raft certificate) come from two Secrets, apiSecret and raftSecret, so
+// that no API client certificate can speak raft.
+func checkRaftCAApart(t *testing.T, s *appsv1.StatefulSet, apiSecret, raftSecret string) {
+	t.Helper()
+	c := s.Spec.Template.Spec.Containers[0]
+	cfg, err := server.ParseFlags(expand(c.Args, map[string]string{"POD_NAME": "kv-indexer-0", "POD_NAMESPACE": namespace}),
+		io.Discard, env("KVINDEX_ADMIN_TOKEN", "secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	secretOf := func(file string) string {
+		for _, m := range c.VolumeMounts {
+			if strings.HasPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/") {
+				for _, v := range s.Spec.Template.Spec.Volumes {
+					if v.Name == m.Name && v.Secret != nil {
+						return v.Secret.SecretName
+					}
+				}
+			}
+		}
+		return ""
+	}
+	for _, f := range []struct{ flag, file, want string }{
+		{"--tls-client-ca", cfg.TLSClientCA, apiSecret},
+		{"--raft-tls-ca", cfg.RaftTLSCA, raftSecret},
+		{"--raft-tls-cert", cfg.RaftTLSCert, raftSecret},
+		{"--raft-tls-key", cfg.RaftTLSKey, raftSecret},
+	} {
+		if got := secretOf(f.file); got != f.want {
+			t.Errorf("indexer %s=%q is from Secret %q, want %q", f.flag, f.file, got, f.want)
+		}
+	}
+}
+
 // checkRouter: the router's flags parse with its own parser; the ports, probes
 // and Services agree; its ServiceAccount may watch pods.
 func checkRouter(t *testing.T, r *rendered, epp bool) {
@@ -394,7 +429,7 @@ func TestChartRenders(t *testing.T) {
 		}},
 		{"five voters, TLS, monitoring, network policy, examples", `
 adminToken: {existingSecret: kv-admin}
-tls: {enabled: true, secretName: kv-tls}
+tls: {enabled: true, secretName: kv-tls, raftSecretName: kv-raft-tls}
 indexer: {replicas: 5}
 serviceMonitor: {enabled: true}
 networkPolicy: {enabled: true, allowNamespaces: [gateway]}
@@ -402,6 +437,7 @@ examples: {vllm: {enabled: true}, inferencePool: {enabled: true}}
 `, func(t *testing.T, r *rendered) {
 			checkIndexer(t, r, 5, "")
 			checkRouter(t, r, true)
+			checkRaftCAApart(t, r.statefulSets["kv-indexer"], "kv-tls", "kv-raft-tls")
 			if r.custom["ServiceMonitor"] == nil || len(r.netpols) != 1 {
 				t.Error("want a ServiceMonitor and a NetworkPolicy")
 			}
@@ -487,6 +523,7 @@ func TestChartRefuses(t *testing.T) {
 	for _, c := range []struct{ values, want string }{
 		{`{}`, "adminToken.existingSecret is required"},
 		{`{adminToken: {existingSecret: a}, tls: {enabled: true}}`, "tls.secretName is required"},
+		{`{adminToken: {existingSecret: a}, tls: {enabled: true, secretName: t}}`, "tls.raftSecretName is required"},
 		{`{adminToken: {existingSecret: a}, indexer: {ingest: nats}}`, "indexer.natsURL is required"},
 	} {
 		_, err := render(t, c.values)

@@ -346,7 +346,7 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate `file`: serve gRPC and REST over TLS (with --tls-key)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key `file` of --tls-cert")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", cfg.TLSClientCA, "PEM CA `file`: require client certificates signed by it (mTLS)")
-	fs.StringVar(&cfg.RaftTLSCA, "raft-tls-ca", cfg.RaftTLSCA, "PEM CA `file` of the members' raft certificates; required with --tls-cert: the raft transport accepts only peers presenting a certificate it signed")
+	fs.StringVar(&cfg.RaftTLSCA, "raft-tls-ca", cfg.RaftTLSCA, "PEM CA `file` of the members' raft certificates; required with --tls-cert: the raft transport accepts only peers presenting a certificate it signed; it must not hold a certificate --tls-client-ca holds")
 	fs.StringVar(&cfg.RaftTLSCert, "raft-tls-cert", cfg.RaftTLSCert, "PEM certificate `file` this member presents on the raft transport, for server and client authentication (default: --tls-cert)")
 	fs.StringVar(&cfg.RaftTLSKey, "raft-tls-key", cfg.RaftTLSKey, "PEM private key `file` of --raft-tls-cert")
 	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer `token` every admin call needs (Authorization: Bearer <token>): register, unregister, join, leave, snapshot and any call not documented as public; empty: no check, allowed only on loopback listeners or with --insecure-no-admin-token")

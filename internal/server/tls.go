@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"os"
 
@@ -32,24 +33,80 @@ func (c *Config) tlsConfig() (*tls.Config, error) {
 }
 
 func loadCA(flag, path string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(path)
+	certs, err := loadCerts(flag, path)
+	if err != nil {
+		return nil, err
+	}
+	return certPool(certs), nil
+}
+
+func certPool(certs []*x509.Certificate) *x509.CertPool {
+	pool := x509.NewCertPool()
+	for _, c := range certs {
+		pool.AddCert(c)
+	}
+	return pool
+}
+
+// loadCerts reads the PEM certificates of the file path that flag names.
+func loadCerts(flag, path string) ([]*x509.Certificate, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, invalid("%s: %v", flag, err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
+	var certs []*x509.Certificate
+	for {
+		var block *pem.Block
+		if block, data = pem.Decode(data); block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, invalid("%s %s: %v", flag, path, err)
+		}
+		certs = append(certs, c)
+	}
+	if len(certs) == 0 {
 		return nil, invalid("%s %s: no PEM certificate in it", flag, path)
 	}
-	return pool, nil
+	return certs, nil
+}
+
+// raftCA loads --raft-tls-ca and refuses a CA that --tls-client-ca also
+// trusts: a certificate issued to an API client could then speak raft.
+func (c *Config) raftCA() (*x509.CertPool, error) {
+	certs, err := loadCerts("--raft-tls-ca", c.RaftTLSCA)
+	if err != nil {
+		return nil, err
+	}
+	if c.TLSClientCA != "" {
+		clientCAs, err := loadCerts("--tls-client-ca", c.TLSClientCA)
+		if err != nil {
+			return nil, err
+		}
+		for _, rc := range certs {
+			for _, cc := range clientCAs {
+				if rc.Equal(cc) {
+					return nil, invalid("--raft-tls-ca=%s and --tls-client-ca=%s both trust %q: any API client certificate it signs could speak raft (append to the log, install a snapshot); give raft a CA of its own that signs member certificates only",
+						c.RaftTLSCA, c.TLSClientCA, rc.Subject.String())
+				}
+			}
+		}
+	}
+	return certPool(certs), nil
 }
 
 // raftTLS is how the raft transport accepts (server) and dials (client) when TLS
 // is on; both nil otherwise. Peers authenticate each other: each presents
 // --raft-tls-cert (default --tls-cert) and accepts only certificates signed by
-// --raft-tls-ca. That CA is kept apart from --tls-client-ca on purpose: a
-// certificate issued to an API client must not let it speak raft, where it
-// could append to the log or install a snapshot. The raft CA should sign
-// member certificates only.
+// --raft-tls-ca. That CA is kept apart from --tls-client-ca on purpose (a
+// node given the same CA for both refuses to start, raftCA): a certificate
+// issued to an API client must not let it speak raft, where it could append
+// to the log or install a snapshot. The raft CA should sign member
+// certificates only.
 func (c *Config) raftTLS() (server, client *tls.Config, err error) {
 	if c.TLSCert == "" {
 		return nil, nil, nil
@@ -62,7 +119,7 @@ func (c *Config) raftTLS() (server, client *tls.Config, err error) {
 	if err != nil {
 		return nil, nil, invalid("%s: %v", flag, err)
 	}
-	pool, err := loadCA("--raft-tls-ca", c.RaftTLSCA)
+	pool, err := c.raftCA()
 	if err != nil {
 		return nil, nil, err
 	}

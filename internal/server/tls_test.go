@@ -169,6 +169,13 @@ func TestMutualTLS(t *testing.T) {
 
 func TestTLSConfigErrors(t *testing.T) {
 	pki := newTestPKI(t)
+	// A raft CA bundle that also holds the API clients' CA.
+	bundle := filepath.Join(pki.dir, "raft-bundle.pem")
+	raftPEM, _ := os.ReadFile(pki.raftCAFile)
+	userPEM, _ := os.ReadFile(pki.caFile)
+	if err := os.WriteFile(bundle, append(raftPEM, userPEM...), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		configure func(*Config)
 		want      string
@@ -185,6 +192,12 @@ func TestTLSConfigErrors(t *testing.T) {
 		{func(c *Config) {
 			c.TLSCert, c.TLSKey, c.TLSClientCA, c.RaftTLSCA = pki.serverCert, pki.serverKy, pki.serverKy, pki.raftCAFile
 		}, "no PEM certificate"},
+		{func(c *Config) {
+			c.TLSCert, c.TLSKey, c.TLSClientCA, c.RaftTLSCA = pki.serverCert, pki.serverKy, pki.caFile, pki.caFile
+		}, "--raft-tls-ca=" + pki.caFile + " and --tls-client-ca=" + pki.caFile + " both trust"},
+		{func(c *Config) {
+			c.TLSCert, c.TLSKey, c.TLSClientCA, c.RaftTLSCA = pki.serverCert, pki.serverKy, pki.caFile, bundle
+		}, "any API client certificate it signs could speak raft"},
 		{func(c *Config) { c.Tokenizers[0].Dir = filepath.Join(pki.dir, "missing") }, "--tokenizer=" + testModel},
 		{func(c *Config) { c.FallbackTokenizer = "gpt2" }, "--fallback-tokenizer"},
 	} {
