@@ -105,3 +105,51 @@ func TestNATSReplayHeaderMustBeAllowed(t *testing.T) {
 		}
 	}
 }
+
+// TestNATSDiscoveryIsBounded: discovery on NATS obeys the allow-list and the
+// limit as the bind socket does: a worker id no DiscoverAllow pattern matches,
+// and a new worker once MaxDiscoveredWorkers are followed, are dropped and
+// counted; an admitted worker is followed.
+func TestNATSDiscoveryIsBounded(t *testing.T) {
+	url := startNATS(t)
+	cfg := testManagerConfig()
+	cfg.Transport = TransportNATS
+	cfg.NATSURL = url
+	cfg.DiscoverAllow = []string{"pod-*"}
+	cfg.MaxDiscoveredWorkers = 1
+	p := startPipeline(t, cfg)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	publish := func(worker string) {
+		msg := &nats.Msg{Subject: Subject(cfg.NATSSubjectPrefix, worker, 0), Data: validPayload(t), Header: nats.Header{}}
+		msg.Header.Set(HeaderSeq, "0")
+		msg.Header.Set(HeaderModel, "m")
+		if err := nc.PublishMsg(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refused := func(reason string) float64 {
+		return p.counter("kvindex_ingest_decode_errors_total", map[string]string{"source": "nats", "reason": reason})
+	}
+	waitFor(t, "intruder refused as not allowed", func() bool { publish("intruder"); return refused("not_allowed") > 0 })
+	publish("pod-0")
+	waitFor(t, "pod-0's batch applied", func() bool { _, ok := p.applier.Cursor(Stream{Worker: "pod-0"}); return ok })
+	waitFor(t, "pod-1 refused at the limit", func() bool { publish("pod-1"); return refused("discovery_limit") > 0 })
+	for _, w := range []string{"intruder", "pod-1"} {
+		if _, ok := p.applier.Cursor(Stream{Worker: w}); ok {
+			t.Errorf("%s's batches were applied", w)
+		}
+	}
+	discovered := 0
+	for _, ws := range p.mgr.Workers() {
+		if ws.Source == SourceDiscover {
+			discovered++
+		}
+	}
+	if discovered != 1 {
+		t.Errorf("%d workers discovered on NATS, want 1 (the limit)", discovered)
+	}
+}
