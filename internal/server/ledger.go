@@ -167,6 +167,15 @@ func (l *loadLedger) open(first *kvindexv1.ReportRequest, session uint64) error 
 	if first.RouterId == "" || !first.Full {
 		return invalidArg("the first load report must name router_id and have full set")
 	}
+	if len(first.RouterId) > MaxNameBytes {
+		return invalidArg("a router_id of %d bytes, more than %d", len(first.RouterId), MaxNameBytes)
+	}
+	// Checked before the router is created: a refused first report must not
+	// leave a router behind (it would hold a --ledger-max-routers slot with no
+	// stream to close it and so no lease to expire it).
+	if err := validateReport(first); err != nil {
+		return err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.expireLocked(l.now())
@@ -180,24 +189,51 @@ func (l *loadLedger) open(first *kvindexv1.ReportRequest, session uint64) error 
 		l.metrics.routers.Set(float64(len(l.routers)))
 	}
 	r.session = session // a reconnect replaces the old stream
-	return l.applyLocked(first.RouterId, r, first)
+	l.applyLocked(first.RouterId, r, first)
+	return nil
 }
 
 // report applies a router's report; it fails when the session was replaced.
 func (l *loadLedger) report(id string, session uint64, rep *kvindexv1.ReportRequest) error {
+	if err := validateReport(rep); err != nil {
+		return err
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.routers[id]
 	if r == nil || r.session != session {
 		return fmt.Errorf("%w: router %q reconnected on another stream", ErrFailedPrecondition, id)
 	}
-	return l.applyLocked(id, r, rep)
+	l.applyLocked(id, r, rep)
+	return nil
 }
 
-func (l *loadLedger) applyLocked(id string, r *ledgerRouter, rep *kvindexv1.ReportRequest) error {
+// validateReport checks a whole report before any of it is applied, so a bad
+// one changes nothing.
+func validateReport(rep *kvindexv1.ReportRequest) error {
 	if len(rep.Loads) > maxLedgerTargetsPerReport {
 		return invalidArg("a load report lists %d targets, more than %d", len(rep.Loads), maxLedgerTargetsPerReport)
 	}
+	for _, tl := range rep.Loads {
+		if tl.Worker == "" || len(tl.Worker) > MaxNameBytes {
+			return invalidArg("a load report names a worker of %d bytes", len(tl.Worker))
+		}
+	}
+	for _, p := range rep.Predicted {
+		if len(p.Keys) > maxLedgerKeys || p.Worker == "" || len(p.Worker) > MaxNameBytes || len(p.RouterId) > MaxNameBytes {
+			return invalidArg("a predicted prefix with %d keys for worker %q", len(p.Keys), p.Worker)
+		}
+	}
+	for _, s := range rep.Sessions {
+		if s.Key == "" || len(s.Key) > MaxNameBytes || s.Worker == "" || len(s.Worker) > MaxNameBytes {
+			return invalidArg("a session binding with a key of %d bytes for worker %q", len(s.Key), s.Worker)
+		}
+	}
+	return nil
+}
+
+// applyLocked applies a validated report.
+func (l *loadLedger) applyLocked(id string, r *ledgerRouter, rep *kvindexv1.ReportRequest) {
 	l.metrics.reports.Inc()
 	if rep.Full {
 		listed := make(map[ledgerTarget]bool, len(rep.Loads))
@@ -211,21 +247,8 @@ func (l *loadLedger) applyLocked(id string, r *ledgerRouter, rep *kvindexv1.Repo
 		}
 	}
 	for _, tl := range rep.Loads {
-		if tl.Worker == "" || len(tl.Worker) > MaxNameBytes {
-			return invalidArg("a load report names a worker of %d bytes", len(tl.Worker))
-		}
 		l.setLoadLocked(r, ledgerTarget{tl.Worker, tl.DpRank},
 			ledgerLoad{int64(tl.InFlight), int64(tl.PrefillTokens), int64(tl.DecodeBlocks)})
-	}
-	for _, p := range rep.Predicted {
-		if len(p.Keys) > maxLedgerKeys || p.Worker == "" || len(p.Worker) > MaxNameBytes {
-			return invalidArg("a predicted prefix with %d keys for worker %q", len(p.Keys), p.Worker)
-		}
-	}
-	for _, s := range rep.Sessions {
-		if s.Key == "" || len(s.Key) > MaxNameBytes || s.Worker == "" || len(s.Worker) > MaxNameBytes {
-			return invalidArg("a session binding with a key of %d bytes for worker %q", len(s.Key), s.Worker)
-		}
 	}
 	if len(rep.Predicted)+len(rep.Sessions) > 0 {
 		for other, o := range l.routers {
@@ -237,7 +260,6 @@ func (l *loadLedger) applyLocked(id string, r *ledgerRouter, rep *kvindexv1.Repo
 		}
 	}
 	l.wakeLocked()
-	return nil
 }
 
 // appendBounded appends and keeps the newest maxLedgerQueue entries.

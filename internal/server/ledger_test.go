@@ -44,10 +44,14 @@ func ledgerStream(t *testing.T, addr, token string) kvindexv1.LoadService_Report
 }
 
 // recvUntil reads views into view (applying full and partial pushes) until cond
-// holds of it.
+// holds of it, for at most 20 s (the leader pushes at least once a second).
 func recvUntil(t *testing.T, s kvindexv1.LoadService_ReportClient, view map[string]uint32, cond func(map[string]uint32) bool) {
 	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
 	for !cond(view) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pushed view is still %v after 20s", view)
+		}
 		resp, err := s.Recv()
 		if err != nil {
 			t.Fatalf("recv: %v (view %v)", err, view)
@@ -73,6 +77,7 @@ func recvUntil(t *testing.T, s kvindexv1.LoadService_ReportClient, view map[stri
 func TestLedgerSumsTheOtherRoutersLoad(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.AdminToken = "ledger-secret"
+	cfg.LedgerMaxRouters = 3
 	srv := runServer(t, cfg)
 	addr := srv.GRPCAddr()
 	waitForCond(t, 20*time.Second, "the node to lead", func() bool { return srv.node.IsLeader() && srv.backend.Ready() == nil })
@@ -116,7 +121,10 @@ func TestLedgerSumsTheOtherRoutersLoad(t *testing.T) {
 		}
 	}
 
-	// Bad first messages and missing tokens are refused.
+	// Bad first messages and missing tokens are refused, and a refused router
+	// takes no slot: with --ledger-max-routers=3, a and b hold two, the refused
+	// ones none, so c gets the third and d is refused as one too many.
+	long := strings.Repeat("x", MaxNameBytes+1)
 	for _, c := range []struct {
 		name  string
 		token string
@@ -126,6 +134,15 @@ func TestLedgerSumsTheOtherRoutersLoad(t *testing.T) {
 		{"no token", "", &kvindexv1.ReportRequest{RouterId: "c", Full: true}, codes.Unauthenticated},
 		{"not full", "ledger-secret", &kvindexv1.ReportRequest{RouterId: "c"}, codes.InvalidArgument},
 		{"no id", "ledger-secret", &kvindexv1.ReportRequest{Full: true}, codes.InvalidArgument},
+		{"long id", "ledger-secret", &kvindexv1.ReportRequest{RouterId: long, Full: true}, codes.InvalidArgument},
+		{"unnamed worker", "ledger-secret", &kvindexv1.ReportRequest{RouterId: "bad-1", Full: true,
+			Loads: []*kvindexv1.TargetLoad{load("w0", 1), {InFlight: 1}}}, codes.InvalidArgument},
+		{"long worker", "ledger-secret", &kvindexv1.ReportRequest{RouterId: "bad-2", Full: true,
+			Loads: []*kvindexv1.TargetLoad{load(long, 1)}}, codes.InvalidArgument},
+		{"prediction without worker", "ledger-secret", &kvindexv1.ReportRequest{RouterId: "bad-3", Full: true,
+			Predicted: []*kvindexv1.PredictedPrefix{{Keys: []uint64{1}}}}, codes.InvalidArgument},
+		{"binding without key", "ledger-secret", &kvindexv1.ReportRequest{RouterId: "bad-4", Full: true,
+			Sessions: []*kvindexv1.SessionBinding{{Worker: "w0"}}}, codes.InvalidArgument},
 	} {
 		s := ledgerStream(t, addr, c.token)
 		s.Send(c.first)
@@ -133,6 +150,22 @@ func TestLedgerSumsTheOtherRoutersLoad(t *testing.T) {
 		if status.Code(err) != c.code {
 			t.Errorf("%s: %v, want %v", c.name, err, c.code)
 		}
+	}
+	// The refused reports applied nothing (bad-1 listed a valid w0 first): c
+	// sees a's w2 and b's w0 as they were.
+	c := ledgerStream(t, addr, "ledger-secret")
+	if err := c.Send(&kvindexv1.ReportRequest{RouterId: "c", Full: true, Loads: []*kvindexv1.TargetLoad{load("w3", 1)}}); err != nil {
+		t.Fatal(err)
+	}
+	recvUntil(t, c, map[string]uint32{}, func(v map[string]uint32) bool { return v["w2/0"] == 4 && v["w0/0"] == 3 && len(v) == 2 })
+	recvUntil(t, b, vb, func(v map[string]uint32) bool { return v["w2/0"] == 4 && v["w3/0"] == 1 && len(v) == 2 })
+	if n := metric(t, "http://"+srv.HTTPAddr(), "kvindex_ledger_routers"); n != 3 {
+		t.Errorf("kvindex_ledger_routers = %v, want 3 (a, b, c)", n)
+	}
+	d := ledgerStream(t, addr, "ledger-secret")
+	d.Send(&kvindexv1.ReportRequest{RouterId: "d", Full: true})
+	if _, err := d.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a fourth router with --ledger-max-routers=3: %v, want %v", err, codes.ResourceExhausted)
 	}
 }
 
