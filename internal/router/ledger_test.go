@@ -90,6 +90,19 @@ func TestRoutersShareTheirLoad(t *testing.T) {
 			return true
 		})
 	}
+	// Each router counts three on the ledger and uses a view of some age; so
+	// does the leader.
+	for _, r := range rs {
+		if n := testutil.ToFloat64(r.metrics.ledgerRouters); n != 3 {
+			t.Errorf("%s: kvindex_router_ledger_routers = %v, want 3", r.cfg.RouterID, n)
+		}
+		if s := r.shared.staleness(); s < 0 {
+			t.Errorf("%s: ledger staleness %v while connected, want >= 0", r.cfg.RouterID, s)
+		}
+	}
+	if n := counterValue(t, ix, "kvindex_ledger_routers"); n != 3 {
+		t.Errorf("the leader's kvindex_ledger_routers = %v, want 3", n)
+	}
 	wg.Wait()
 	for _, r := range rs {
 		waitFor(t, 5*time.Second, r.cfg.RouterID+"'s fleet view to empty", func() bool {
@@ -139,6 +152,43 @@ func TestBurstAcrossRoutersCoLocates(t *testing.T) {
 	}
 	if busy != 1 {
 		t.Errorf("the burst through three routers went to %d workers (%v), want 1", busy, used)
+	}
+}
+
+// A session binding made by one router is honoured by the others: once router 0
+// has routed a session, router 1's decision for the same session marks the
+// worker router 0 chose as session-bound (kv-aware's session bonus); another
+// session's decision marks none.
+func TestSessionBindingAcrossRouters(t *testing.T) {
+	f := startFleet(t, 3, nil)
+	ix := startIndexer(t, f)
+	rs := startRouters(t, 2, f, ix, nil)
+	body := func(session, prompt string) string {
+		return fmt.Sprintf(`{"model":%q,"prompt":%s,"max_tokens":1,"session_id":%q}`, testModel, quote(prompt), session)
+	}
+	bound := func(session string) []string {
+		var ws []string
+		for _, c := range dryRun(t, rs[1].url, body(session, "a later turn of "+session)).Candidates {
+			if c.SessionBound {
+				ws = append(ws, c.Worker)
+			}
+		}
+		return ws
+	}
+	if ws := bound("conv-42"); len(ws) != 0 {
+		t.Fatalf("router 1 binds conv-42 to %v before any request of it", ws)
+	}
+	w := rs[0].servedBy(t, f.ids, func() {
+		if code, _, raw := post(t, rs[0].url, "/v1/completions", body("conv-42", "the first turn")); code != http.StatusOK {
+			t.Fatalf("%d %s", code, raw)
+		}
+	})
+	waitFor(t, 10*time.Second, "router 1 to honour router 0's binding of conv-42 to "+w, func() bool {
+		ws := bound("conv-42")
+		return len(ws) == 1 && ws[0] == w
+	})
+	if ws := bound("conv-7"); len(ws) != 0 {
+		t.Errorf("router 1 binds conv-7, never routed, to %v", ws)
 	}
 }
 
