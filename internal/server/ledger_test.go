@@ -19,6 +19,7 @@ import (
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
+	kvindex "github.com/kvindex/kvindex/clients/go"
 	"github.com/kvindex/kvindex/internal/router"
 	"github.com/kvindex/kvindex/internal/workerspec"
 )
@@ -248,6 +249,17 @@ func TestLedgerSurvivesLeaderKill(t *testing.T) {
 	for _, rp := range routers {
 		waitForCond(t, 20*time.Second, "routers on the ledger", func() bool { return metric(t, rp.url, "kvindex_router_ledger_connected") == 1 })
 	}
+	// A follower holds no ledger: it answers a stream with the not-leader error
+	// naming the leader's address, which the routers follow.
+	for _, fn := range c.followers(c.leader(10 * time.Second)) {
+		waitForCond(t, 10*time.Second, fn.id+" to send a ledger stream to the leader", func() bool {
+			s := ledgerStream(t, fn.srv.GRPCAddr(), clusterToken)
+			s.Send(&kvindexv1.ReportRequest{RouterId: "probe", Full: true})
+			_, err := s.Recv()
+			addr, ok := kvindex.NotLeader(err)
+			return ok && addr == c.leader(10*time.Second).srv.GRPCAddr()
+		})
+	}
 	model := workers[0].Model
 	var wg sync.WaitGroup
 	var failed sync.Map
@@ -387,5 +399,8 @@ func TestRouterOverMutualTLS(t *testing.T) {
 	}
 	if metric(t, plain.url, "kvindex_router_ledger_connected") != 0 || metric(t, plain.url, `kvindex_router_indexer_query_seconds_count{result="ok"}`) != 0 {
 		t.Errorf("a plaintext router talked to the TLS indexer")
+	}
+	if s := metric(t, plain.url, "kvindex_router_ledger_staleness_seconds"); s != -1 {
+		t.Errorf("kvindex_router_ledger_staleness_seconds = %v without the ledger, want -1", s)
 	}
 }
