@@ -238,6 +238,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	switch {
+	case len(c.RouterID) > workerspec.MaxNameBytes:
+		// the indexer refuses a longer name on the ledger, and the stream would never come up
+		return invalid("--router-id of %d bytes is longer than %d", len(c.RouterID), workerspec.MaxNameBytes)
 	case c.RequestIdleTimeout < 0:
 		return invalid("--request-idle-timeout=%s must not be negative (0: none)", c.RequestIdleTimeout)
 	case c.BlockSize < 1 || c.BlockSize > workerspec.MaxBlockSize:

@@ -31,6 +31,8 @@ func TestConfigValidateNamesTheFlagAndTheBadValue(t *testing.T) {
 			c.Workers = []workerspec.Spec{{ID: "dup", Model: "m"}, {ID: "dup", Model: "m"}}
 		}, []string{"--worker", "dup"}},
 		{func(c *Config) { c.IndexerTimeout = 0 }, []string{"--indexer-timeout", "0s"}},
+		{func(c *Config) { c.LedgerInterval = 0 }, []string{"--ledger-interval", "0s"}},
+		{func(c *Config) { c.RouterID = strings.Repeat("r", workerspec.MaxNameBytes+1) }, []string{"--router-id", "257"}},
 		{func(c *Config) { c.PredictedTTL = -time.Second }, []string{"--router-predicted-ttl", "-1s"}},
 		{func(c *Config) { c.BreakerCooldown = 0 }, []string{"--breaker-cooldown-s", "0s"}},
 		{func(c *Config) { c.QueueTimeout = 0 }, []string{"--queue-timeout", "0s"}},
@@ -92,6 +94,7 @@ func TestParseFlagsPrecedenceFlagsOverEnvOverDefaults(t *testing.T) {
 		"KVINDEX_ROUTER_QUEUE_SIZE":         "7",
 		"KVINDEX_ROUTER_BREAKER_COOLDOWN_S": "3",
 		"KVINDEX_ROUTER_INDEXER":            "10.0.0.1:7070,10.0.0.2:7070",
+		"KVINDEX_ROUTER_LEDGER":             "false",
 	}
 	tests := []struct {
 		name     string
@@ -101,11 +104,12 @@ func TestParseFlagsPrecedenceFlagsOverEnvOverDefaults(t *testing.T) {
 		queue    int
 		cooldown time.Duration
 		indexer  string
+		ledger   bool // on by default: a router with --indexer shares its load
 	}{
-		{"defaults", nil, nil, PolicyKVAware, 128, 5 * time.Second, ""},
-		{"env over defaults", nil, env, PolicyRoundRobin, 7, 3 * time.Second, "10.0.0.1:7070,10.0.0.2:7070"},
-		{"flags over env", []string{"--router-policy", "session", "--queue-size=2", "--breaker-cooldown-s", "9s", "--indexer", "127.0.0.1:1"},
-			env, PolicySession, 2, 9 * time.Second, "127.0.0.1:1"},
+		{"defaults", nil, nil, PolicyKVAware, 128, 5 * time.Second, "", true},
+		{"env over defaults", nil, env, PolicyRoundRobin, 7, 3 * time.Second, "10.0.0.1:7070,10.0.0.2:7070", false},
+		{"flags over env", []string{"--router-policy", "session", "--queue-size=2", "--breaker-cooldown-s", "9s", "--indexer", "127.0.0.1:1", "--ledger"},
+			env, PolicySession, 2, 9 * time.Second, "127.0.0.1:1", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,9 +117,10 @@ func TestParseFlagsPrecedenceFlagsOverEnvOverDefaults(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.Policy != tt.policy || c.QueueSize != tt.queue || c.BreakerCooldown != tt.cooldown || strings.Join(c.Indexer, ",") != tt.indexer {
-				t.Fatalf("got policy=%s queue=%d cooldown=%s indexer=%v, want %s %d %s %s",
-					c.Policy, c.QueueSize, c.BreakerCooldown, c.Indexer, tt.policy, tt.queue, tt.cooldown, tt.indexer)
+			if c.Policy != tt.policy || c.QueueSize != tt.queue || c.BreakerCooldown != tt.cooldown || strings.Join(c.Indexer, ",") != tt.indexer ||
+				c.Ledger != tt.ledger {
+				t.Fatalf("got policy=%s queue=%d cooldown=%s indexer=%v ledger=%v, want %s %d %s %s %v",
+					c.Policy, c.QueueSize, c.BreakerCooldown, c.Indexer, c.Ledger, tt.policy, tt.queue, tt.cooldown, tt.indexer, tt.ledger)
 			}
 			if c.MaxPending != 0 || c.RingVNodes != 160 {
 				t.Fatalf("unset flags changed: max-pending=%d ring-vnodes=%d", c.MaxPending, c.RingVNodes)
