@@ -33,6 +33,7 @@ type fleet struct {
 	procs   []*proc
 	engines []string // base URLs
 	grpc    string   // indexer gRPC address
+	indexer *proc
 	client  *http.Client
 }
 
@@ -192,6 +193,7 @@ func startFleetOnce(ctx context.Context, cfg *Config, stderr io.Writer) (*fleet,
 	if err != nil {
 		return nil, err
 	}
+	f.indexer = indexer
 	for i, u := range f.engines {
 		if err := f.waitReady(ctx, engines[i], u+"/health", 60*time.Second); err != nil {
 			return nil, err
@@ -321,6 +323,10 @@ func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate 
 	}
 	base := bases[0]
 
+	cpu0, err := procCPU(f.indexer.cmd.Process.Pid)
+	if err != nil {
+		return Row{}, fmt.Errorf("the indexer's CPU time: %w", err)
+	}
 	outs := make([]outcome, len(tr.Requests))
 	busy := map[string]time.Duration{}
 	var mu sync.Mutex
@@ -350,12 +356,17 @@ func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate 
 		}()
 	}
 	wg.Wait()
+	cpu1, err := procCPU(f.indexer.cmd.Process.Pid)
+	if err != nil {
+		return Row{}, fmt.Errorf("the indexer's CPU time: %w", err)
+	}
 	name := spec.name
 	if len(bases) > 1 {
 		name = fmt.Sprintf("%s/%d-routers-ledger-%v", spec.name, len(bases), f.cfg.Ledger)
 	}
 	row := summarize(tr.Name, name, "live", f.cfg.Workers, f.cfg.BlockSize, rate, outs, busy, f.cfg.SLOTTFT)
 	row.DecisionP50, row.DecisionP99 = f.overheadQuantiles(ctx, base)
+	row.IndexerCPUMs = float64(cpu1-cpu0) / float64(time.Millisecond) / float64(len(outs))
 	return row, nil
 }
 

@@ -53,6 +53,11 @@ type Row struct {
 	DecisionCPUP50, DecisionCPUP99 float64
 	Makespan                       float64 // s
 	WallSeconds                    float64
+	// IndexerCPUMs is the indexer process's CPU time per request in ms over the
+	// run (live only; NaN offline), which is also its CPU-seconds per second at
+	// 1k requests/s: scoring, event ingestion and, with --routers and --ledger,
+	// the shared ledger.
+	IndexerCPUMs float64
 	// TTFTs are every successful request's TTFT in ms, sorted (for the CDF plot).
 	TTFTs []float64 `csv:"-"`
 }
@@ -69,7 +74,8 @@ func quantile(sorted []float64, q float64) float64 {
 // summarize turns outcomes into a row. busy is per-worker busy time (nil when
 // unknown: the imbalance is then computed from requests served per worker).
 func summarize(trace, policy, mode string, workers, blockSize int, rate float64, outs []outcome, busy map[string]time.Duration, slo time.Duration) Row {
-	row := Row{Trace: trace, Policy: policy, Mode: mode, Workers: workers, Rate: rate, Requests: len(outs), OracleHitRate: math.NaN()}
+	row := Row{Trace: trace, Policy: policy, Mode: mode, Workers: workers, Rate: rate, Requests: len(outs), OracleHitRate: math.NaN(),
+		IndexerCPUMs: math.NaN()}
 	var ttft, e2e, dec, decCPU []float64
 	var prompt, cached, outTok, avail, capt, truthPrompt int
 	var first, last time.Duration = math.MaxInt64, 0
@@ -139,7 +145,7 @@ func summarize(trace, policy, mode string, workers, blockSize int, rate float64,
 var csvHeader = []string{"trace", "policy", "mode", "workers", "rate", "requests", "failed", "hit_rate", "oracle_hit_rate",
 	"available_hit", "captured_hit", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
 	"output_tok_s", "goodput_rps", "slo_attainment", "imbalance", "decision_p50_us", "decision_p99_us", "makespan_s", "wall_s",
-	"decision_cpu_p50_us", "decision_cpu_p99_us"}
+	"decision_cpu_p50_us", "decision_cpu_p99_us", "indexer_cpu_ms_per_req"}
 
 func f(x float64) string {
 	if math.IsNaN(x) {
@@ -152,7 +158,8 @@ func (r Row) record() []string {
 	return []string{r.Trace, r.Policy, r.Mode, strconv.Itoa(r.Workers), f(r.Rate), strconv.Itoa(r.Requests), strconv.Itoa(r.Failed),
 		f(r.HitRate), f(r.OracleHitRate), f(r.AvailableHit), f(r.CapturedHit), f(r.TTFTP50), f(r.TTFTP95), f(r.TTFTP99),
 		f(r.E2EP50), f(r.E2EP99), f(r.OutputTokS), f(r.Goodput), f(r.SLOAttainment), f(r.Imbalance),
-		f(r.DecisionP50), f(r.DecisionP99), f(r.Makespan), f(r.WallSeconds), f(r.DecisionCPUP50), f(r.DecisionCPUP99)}
+		f(r.DecisionP50), f(r.DecisionP99), f(r.Makespan), f(r.WallSeconds), f(r.DecisionCPUP50), f(r.DecisionCPUP99),
+		f(r.IndexerCPUMs)}
 }
 
 // WriteCSV writes rows to dir/results.csv.
@@ -191,7 +198,7 @@ func fillOracle(rows []Row) {
 // PrintTable writes rows as an aligned table.
 func PrintTable(w io.Writer, rows []Row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tpolicy\trate\treq\tfail\thit%\toracle%\tavail%\tcapt%\tttft p50\tp95\tp99 ms\te2e p50 ms\tout tok/s\tgoodput\timbal\tdec p50\tp99 µs\t")
+	fmt.Fprintln(tw, "trace\tpolicy\trate\treq\tfail\thit%\toracle%\tavail%\tcapt%\tttft p50\tp95\tp99 ms\te2e p50 ms\tout tok/s\tgoodput\timbal\tdec p50\tp99 µs\tcpu p50\tp99 µs\tidx cpu ms/req\t")
 	pct := func(x float64) string {
 		if math.IsNaN(x) {
 			return "-"
@@ -205,11 +212,11 @@ func PrintTable(w io.Writer, rows []Row) {
 		return strconv.FormatFloat(x, 'f', prec, 64)
 	}
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Trace, r.Policy, num(r.Rate, 0),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Trace, r.Policy, num(r.Rate, 0),
 			r.Requests, r.Failed, pct(r.HitRate), pct(r.OracleHitRate), pct(r.AvailableHit), pct(r.CapturedHit),
 			num(r.TTFTP50, 0), num(r.TTFTP95, 0), num(r.TTFTP99, 0), num(r.E2EP50, 0), num(r.OutputTokS, 0),
 			num(r.Goodput, 2), num(r.Imbalance, 2), num(r.DecisionP50, 1), num(r.DecisionP99, 1),
-			num(r.DecisionCPUP50, 1), num(r.DecisionCPUP99, 1))
+			num(r.DecisionCPUP50, 1), num(r.DecisionCPUP99, 1), num(r.IndexerCPUMs, 3))
 	}
 	tw.Flush()
 }

@@ -176,6 +176,10 @@ func TestOfflineRunRepeatsExactly(t *testing.T) {
 		if math.IsNaN(r.OracleHitRate) { // not computed here; NaN != NaN
 			r.OracleHitRate = -1
 		}
+		if !math.IsNaN(r.IndexerCPUMs) {
+			t.Errorf("an offline row with the indexer's CPU %v (no indexer runs)", r.IndexerCPUMs)
+		}
+		r.IndexerCPUMs = -1
 		return r
 	}
 	run := func(t *testing.T, policy string, seed uint64) Row {
