@@ -316,8 +316,11 @@ func (f *fleetLedger) receive(stream kvindexv1.LoadService_ReportClient) error {
 		now := f.r.now()
 		f.lastPush.Store(now.UnixNano())
 		for _, p := range resp.Predicted {
-			f.r.recent.Record(p.Keys, Target{Worker: p.Worker, Rank: p.DpRank}, now)
-			f.others.Record(p.Keys, Target{Worker: p.Worker + "\x00" + p.RouterId, Rank: p.DpRank}, now)
+			// The deciding router's TTL, not this one's: routers may be configured
+			// differently (0 holds no longer).
+			ttl := time.Duration(p.TtlMs) * time.Millisecond
+			f.r.recent.RecordFor(p.Keys, Target{Worker: p.Worker, Rank: p.DpRank}, now, ttl)
+			f.others.RecordFor(p.Keys, Target{Worker: p.Worker + "\x00" + p.RouterId, Rank: p.DpRank}, now, ttl)
 			f.mu.Lock()
 			if len(f.routers) < maxOutbox {
 				f.routers[p.RouterId] = true
@@ -325,7 +328,7 @@ func (f *fleetLedger) receive(stream kvindexv1.LoadService_ReportClient) error {
 			f.mu.Unlock()
 		}
 		for _, s := range resp.Sessions {
-			f.r.sessions.set(s.Key, s.Worker, now)
+			f.r.sessions.setFor(s.Key, s.Worker, now, time.Duration(s.TtlMs)*time.Millisecond)
 		}
 		m.ledgerRouters.Set(float64(resp.Routers))
 		if !f.connected.Swap(true) {

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -14,7 +15,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/internal/server"
 )
@@ -189,6 +193,73 @@ func TestSessionBindingAcrossRouters(t *testing.T) {
 	})
 	if ws := bound("conv-7"); len(ws) != 0 {
 		t.Errorf("router 1 binds conv-7, never routed, to %v", ws)
+	}
+}
+
+// Other routers' decisions and bindings hold for the TTL they came with, not the
+// receiver's: a peer (a router's stream, opened by the test) reports, in one
+// report, a prediction and a binding with 60 s and the same with 0 s; the router
+// uses the first two and not the others, which arrived with them.
+func TestLedgerHonoursTheSendersTTL(t *testing.T) {
+	f := startFleet(t, 3, nil)
+	ix := startIndexer(t, f)
+	r := startRouters(t, 1, f, ix, nil)[0]
+	body := func(session, tag string) string {
+		return fmt.Sprintf(`{"model":%q,"prompt":%s,"max_tokens":1,"session_id":%q}`, testModel, quote(words(tag, 64)), session)
+	}
+	keys := func(b string) []uint64 {
+		p, err := r.prepare(http.Header{}, "/v1/completions", endpointCompletions, []byte(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.route.Keys
+	}
+	live, expired := body("live", "live-prediction"), body("expired", "expired-prediction")
+
+	cc, err := grpc.NewClient(ix.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	peer, err := kvindexv1.NewLoadServiceClient(cc).Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rep := range []*kvindexv1.ReportRequest{
+		{RouterId: "peer", Full: true},
+		{RouterId: "peer", Predicted: []*kvindexv1.PredictedPrefix{
+			{Worker: "w1", Keys: keys(live), TtlMs: 60_000, RouterId: "peer"},
+			{Worker: "w2", Keys: keys(expired), TtlMs: 0, RouterId: "peer"},
+		}, Sessions: []*kvindexv1.SessionBinding{
+			{Key: "s:live", Worker: "w1", TtlMs: 60_000},
+			{Key: "s:expired", Worker: "w2", TtlMs: 0},
+		}},
+	} {
+		if err := peer.Send(rep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// held reports the workers the dry run finds bound to the session and with
+	// a predicted overlap.
+	held := func(b string) (bound, predicted []string) {
+		for _, c := range dryRun(t, r.url, b).Candidates {
+			if c.SessionBound {
+				bound = append(bound, c.Worker)
+			}
+			if c.Overlap > 0 {
+				predicted = append(predicted, c.Worker)
+			}
+		}
+		return bound, predicted
+	}
+	waitFor(t, 10*time.Second, "the peer's 60 s prediction and binding to reach the router", func() bool {
+		bound, predicted := held(live)
+		return fmt.Sprint(bound, predicted) == "[w1] [w1]"
+	})
+	if bound, predicted := held(expired); len(bound)+len(predicted) != 0 {
+		t.Errorf("the peer's 0 s binding and prediction still hold: bound to %v, predicted on %v", bound, predicted)
 	}
 }
 

@@ -54,8 +54,14 @@ func (o *overlay) internLocked(t Target) uint32 {
 }
 
 // Record notes that t was sent the prefix keys now.
-func (o *overlay) Record(keys []uint64, t Target, now time.Time) {
-	short, long := now.Add(o.short).UnixNano(), now.Add(o.long).UnixNano()
+func (o *overlay) Record(keys []uint64, t Target, now time.Time) { o.RecordFor(keys, t, now, o.short) }
+
+// RecordFor is Record with a short horizon of its own: another router's
+// decision is predicted for as long as that router said (its
+// --router-predicted-ttl, counted from its arrival here). The long horizon stays
+// this overlay's; the short one never outlasts it.
+func (o *overlay) RecordFor(keys []uint64, t Target, now time.Time, short time.Duration) {
+	shortEnd, long := now.Add(min(short, o.long)).UnixNano(), now.Add(o.long).UnixNano()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	id := o.internLocked(t)
@@ -64,12 +70,14 @@ func (o *overlay) Record(keys []uint64, t Target, now time.Time) {
 		found := false
 		for i := range marks {
 			if marks[i].t == id {
-				marks[i].short, marks[i].long, found = short, long, true
+				// A shorter prediction (another router's TTL) does not cut a
+				// longer one short.
+				marks[i].short, marks[i].long, found = max(marks[i].short, shortEnd), long, true
 				break
 			}
 		}
 		if !found {
-			o.m[k] = append(marks, mark{t: id, short: short, long: long})
+			o.m[k] = append(marks, mark{t: id, short: shortEnd, long: long})
 		}
 		o.pushLocked(fifoEntry{key: k, t: id, long: long})
 	}

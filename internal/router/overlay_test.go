@@ -177,6 +177,41 @@ func TestOverlayShortAndLongHorizons(t *testing.T) {
 	}
 }
 
+// Another router's decision is predicted for the TTL it came with (0: not at
+// all; at most the long horizon), keeps this overlay's long horizon, and never
+// cuts a longer prediction of the same target short.
+func TestOverlayRecordForTakesTheSendersTTL(t *testing.T) {
+	clk := newFakeClock()
+	o := newOverlay(2*time.Second, 10*time.Second, 1000)
+	o.RecordFor([]uint64{1, 2}, ovA, clk.Now(), 500*time.Millisecond)
+	o.RecordFor([]uint64{1, 2}, ovB, clk.Now(), time.Minute) // beyond the long horizon
+	o.Record([]uint64{1, 2}, ovC, clk.Now())
+	o.RecordFor([]uint64{1, 2}, ovC, clk.Now(), 0) // does not cut c's own 2 s short
+	o.RecordFor([]uint64{1, 2}, ovD, clk.Now(), 0)
+	all := func() (string, string) {
+		short, long := make([]int, 4), make([]int, 4)
+		o.Match([]uint64{1, 2}, []Target{ovA, ovB, ovC, ovD}, clk.Now(), short, long)
+		return fmt.Sprint(short), fmt.Sprint(long)
+	}
+	var at time.Duration
+	for _, step := range []struct {
+		advance     time.Duration
+		short, long string
+	}{
+		{0, "[2 2 2 0]", "[2 2 2 2]"},
+		{500 * time.Millisecond, "[0 2 2 0]", "[2 2 2 2]"},
+		{1500 * time.Millisecond, "[0 2 0 0]", "[2 2 2 2]"},
+		{8*time.Second - time.Nanosecond, "[0 2 0 0]", "[2 2 2 2]"},
+		{time.Nanosecond, "[0 0 0 0]", "[0 0 0 0]"},
+	} {
+		clk.Advance(step.advance)
+		at += step.advance
+		if s, l := all(); s != step.short || l != step.long {
+			t.Fatalf("at +%v: short %s long %s, want %s and %s", at, s, l, step.short, step.long)
+		}
+	}
+}
+
 // TestOverlayMatchEqualsTheDefinition: on random histories (many targets, keys
 // shared by more targets than the lookup switches to a table for, records at
 // different times so both horizons cut), Match gives every target the length of

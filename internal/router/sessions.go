@@ -25,7 +25,11 @@ func newSessionMap(ttl time.Duration, max int) *sessionMap {
 	return &sessionMap{ttl: ttl, max: max, m: map[string]sessionEntry{}}
 }
 
-func (s *sessionMap) set(key, worker string, now time.Time) {
+func (s *sessionMap) set(key, worker string, now time.Time) { s.setFor(key, worker, now, s.ttl) }
+
+// setFor binds key for ttl rather than the map's TTL: another router's binding
+// holds for as long as that router said.
+func (s *sessionMap) setFor(key, worker string, now time.Time, ttl time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.m[key]; !ok && len(s.m) >= s.max {
@@ -41,7 +45,7 @@ func (s *sessionMap) set(key, worker string, now time.Time) {
 			delete(s.m, k)
 		}
 	}
-	s.m[key] = sessionEntry{worker: worker, exp: now.Add(s.ttl)}
+	s.m[key] = sessionEntry{worker: worker, exp: now.Add(ttl)}
 }
 
 func (s *sessionMap) get(key string, now time.Time) (string, bool) {
