@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/cputime"
 	"github.com/kvindex/kvindex/internal/ingest"
 )
 
@@ -147,7 +148,7 @@ func runReplicated(b *testing.B, rate float64, configure func(c *Config)) {
 	defer cancel()
 	startEntries := leader.raft.LastIndex()
 	b.ResetTimer()
-	start := time.Now()
+	start, startCPU := time.Now(), cputime.Process()
 	var wg sync.WaitGroup
 	errs := make(chan error, len(load.perStream))
 	interval := time.Duration(0)
@@ -186,7 +187,7 @@ func runReplicated(b *testing.B, rate float64, configure func(c *Config)) {
 			b.Fatal(err)
 		}
 	}
-	elapsed := time.Since(start)
+	elapsed, cpu := time.Since(start), cputime.Process()-startCPU
 	b.StopTimer()
 	events := 0
 	for _, bs := range load.perStream {
@@ -199,6 +200,9 @@ func runReplicated(b *testing.B, rate float64, configure func(c *Config)) {
 	b.ReportMetric(float64(target-startEntries)/elapsed.Seconds(), "entries/s")
 	b.ReportMetric(float64(quantile(lat, 0.5).Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(quantile(lat, 0.99).Microseconds())/1000, "p99-ms")
+	// The three replicas' CPU (plus the producers'): on this machine's cores the
+	// ceiling is cores / cpu-ns-per-event, whatever the load of other jobs.
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(events), "cpu-ns/event")
 	b.ReportMetric(0, "ns/op")
 }
 
@@ -211,7 +215,10 @@ func BenchmarkReplicated(b *testing.B) {
 	}{
 		{"default", nil},
 		{"inflight=1", func(c *Config) { c.MaxInFlight = 1 }},
+		{"inflight=2", func(c *Config) { c.MaxInFlight = 2 }},
+		{"inflight=4", func(c *Config) { c.MaxInFlight = 4 }},
 		{"inflight=8", func(c *Config) { c.MaxInFlight = 8 }},
+		{"inflight=16", func(c *Config) { c.MaxInFlight = 16 }},
 		{"no-log-cache", func(c *Config) { c.LogCacheSize = 0 }},
 		{"max-append=64", func(c *Config) { c.MaxAppendEntries = 64 }},
 		{"no-batch-apply-ch", func(c *Config) { c.BatchApplyCh = false }},
@@ -285,11 +292,12 @@ func BenchmarkFSMApply(b *testing.B) {
 	}
 	f := newTestFSM(b, nil)
 	b.ResetTimer()
-	start := time.Now()
+	start, startCPU := time.Now(), cputime.Process()
 	for i, e := range entries {
 		if r := applyData(f, uint64(i+1), e); r.Err != nil {
 			b.Fatal(r.Err)
 		}
 	}
 	b.ReportMetric(float64(b.N*blockEvents)/time.Since(start).Seconds(), "block-events/s")
+	b.ReportMetric(float64((cputime.Process()-startCPU).Nanoseconds())/float64(b.N*blockEvents), "cpu-ns/event")
 }

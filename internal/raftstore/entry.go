@@ -322,9 +322,18 @@ func DecodeEntry(data []byte) (Entry, error) {
 
 // entryDecoder reads data from the front; after the first error every read
 // returns zero values and the error is kept.
+//
+// The hash and key lists of a stream-batches entry are cut from one slab sized
+// by the entry (an entry is mostly those lists), and the ops from a few slabs of
+// doubling size: a handful of allocations per entry instead of up to three per
+// op, on every replica's apply path. The cut slices are capacity-capped, so appending to one cannot write
+// into its neighbour.
 type entryDecoder struct {
-	data []byte
-	err  error
+	data     []byte
+	err      error
+	wordSlab []uint64    // unused part of the u64 slab
+	opSlab   []ingest.Op // unused part of the op slab
+	opChunk  int         // size of the last op slab: each new one is twice as big
 }
 
 func (d *entryDecoder) fail(format string, args ...any) {
@@ -396,7 +405,12 @@ func (d *entryDecoder) u64s(what string) []uint64 {
 	if d.err != nil || n == 0 {
 		return nil
 	}
-	v := make([]uint64, n)
+	if len(d.wordSlab) < n {
+		// len(d.data)/8 bounds every u64 list still to come in this entry.
+		d.wordSlab = make([]uint64, max(n, len(d.data)/8))
+	}
+	v := d.wordSlab[:n:n]
+	d.wordSlab = d.wordSlab[n:]
 	for i := range v {
 		v[i] = binary.LittleEndian.Uint64(d.data[8*i:])
 	}
@@ -466,7 +480,13 @@ func (d *entryDecoder) ops() []ingest.Op {
 	if d.err != nil || n == 0 {
 		return nil
 	}
-	ops := make([]ingest.Op, n)
+	if len(d.opSlab) < n {
+		// Doubling chunks: at most about twice the ops the entry holds.
+		d.opChunk = max(n, 2*d.opChunk, 16)
+		d.opSlab = make([]ingest.Op, d.opChunk)
+	}
+	ops := d.opSlab[:n:n]
+	d.opSlab = d.opSlab[n:]
 	for i := range ops {
 		op := &ops[i]
 		op.Kind = ingest.OpKind(d.byte("op kind"))

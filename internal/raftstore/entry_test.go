@@ -234,6 +234,33 @@ func TestBatchEncoderKeepsNothingOfARefusedBatch(t *testing.T) {
 	}
 }
 
+// The decoder cuts every list of an entry from shared slabs: growing one
+// decoded list (or op list) must never write into the next one.
+func TestDecodedListsDoNotShareCapacity(t *testing.T) {
+	data, err := EncodeEntry(nil, &Entry{Type: EntryStreamBatches, Batches: sampleBatches()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := DecodeEntry(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range e.Batches {
+		b := &e.Batches[i]
+		if cap(b.Ops) != len(b.Ops) {
+			t.Errorf("batch %d: ops have capacity %d beyond their %d", i, cap(b.Ops), len(b.Ops))
+		}
+		for j := range b.Ops {
+			_ = append(b.Ops[j].Hashes, 0xdead)
+			_ = append(b.Ops[j].Keys, 0xbeef)
+		}
+		_ = append(b.Ops, ingest.Op{Kind: ingest.OpCleared})
+	}
+	if want := sampleBatches(); !reflect.DeepEqual(e.Batches, want) {
+		t.Fatalf("appending to decoded lists changed the entry:\n got %+v\nwant %+v", e.Batches, want)
+	}
+}
+
 func FuzzDecodeEntry(f *testing.F) {
 	for _, e := range []Entry{
 		{Type: EntryStreamBatches, Batches: sampleBatches()},
