@@ -218,7 +218,7 @@ func BenchmarkReplicated(b *testing.B) {
 		{"inflight=2", func(c *Config) { c.MaxInFlight = 2 }},
 		{"inflight=4", func(c *Config) { c.MaxInFlight = 4 }},
 		{"inflight=8", func(c *Config) { c.MaxInFlight = 8 }},
-		{"inflight=16", func(c *Config) { c.MaxInFlight = 16 }},
+		{"inflight=64", func(c *Config) { c.MaxInFlight = 64 }},
 		{"no-log-cache", func(c *Config) { c.LogCacheSize = 0 }},
 		{"max-append=64", func(c *Config) { c.MaxAppendEntries = 64 }},
 		{"no-batch-apply-ch", func(c *Config) { c.BatchApplyCh = false }},
@@ -246,9 +246,9 @@ func BenchmarkRawEntries(b *testing.B) {
 		set  func(c *Config)
 	}{
 		{"inflight=1", func(c *Config) { c.MaxInFlight = 1 }},
-		{"inflight=64", nil},
-		{"inflight=64/no-batch-apply-ch", func(c *Config) { c.BatchApplyCh = false }},
-		{"inflight=64/no-log-cache", func(c *Config) { c.LogCacheSize = 0 }},
+		{"inflight=64", func(c *Config) { c.MaxInFlight = 64 }},
+		{"inflight=64/no-batch-apply-ch", func(c *Config) { c.MaxInFlight, c.BatchApplyCh = 64, false }},
+		{"inflight=64/no-log-cache", func(c *Config) { c.MaxInFlight, c.LogCacheSize = 64, 0 }},
 		{"inflight=256/max-append=1024", func(c *Config) { c.MaxInFlight, c.MaxAppendEntries = 256, 1024 }},
 	}
 	for _, tc := range cases {

@@ -67,6 +67,9 @@ type Config struct {
 	MaxBatchWait   time.Duration
 	// MaxInFlight is how many proposed entries may wait for commit at once; when
 	// all are pending, Submit blocks once the next entry is full (back-pressure).
+	// At saturation it sets the commit latency (about MaxInFlight full entries
+	// divided by the replicated rate), while full entries reach the rate cap
+	// with a few in flight: 16 keeps both (bench/RESULTS.md, the inflight sweep).
 	MaxInFlight int
 
 	// Snapshots: raft checks every SnapshotInterval whether SnapshotThreshold
@@ -127,7 +130,7 @@ func DefaultConfig() Config {
 		MaxBatchEvents:     4096,
 		MaxBatchBytes:      256 << 10,
 		MaxBatchWait:       2 * time.Millisecond,
-		MaxInFlight:        64,
+		MaxInFlight:        16,
 		SnapshotThreshold:  4096,
 		SnapshotInterval:   30 * time.Second,
 		TrailingLogs:       2048,
