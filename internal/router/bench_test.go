@@ -9,11 +9,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/internal/cputime"
 	"github.com/kvindex/kvindex/internal/workerspec"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -198,7 +198,7 @@ func BenchmarkLedgerCost(b *testing.B) {
 		prompt := strings.Repeat("shared system prompt ", 50)
 		n := b.N
 		var wg sync.WaitGroup
-		start := cpuTime()
+		start := cputime.Process()
 		for c := range 8 {
 			wg.Add(1)
 			go func() {
@@ -216,7 +216,7 @@ func BenchmarkLedgerCost(b *testing.B) {
 			}()
 		}
 		wg.Wait()
-		cpu := cpuTime() - start
+		cpu := cputime.Process() - start
 		for _, r := range rs {
 			for _, d := range []string{"sent", "received"} {
 				msgs += testutil.ToFloat64(r.metrics.ledgerMessages.WithLabelValues(d))
@@ -236,13 +236,6 @@ func BenchmarkLedgerCost(b *testing.B) {
 	// CPU seconds per second spent on the ledger at 1k requests/s.
 	b.ReportMetric(float64(on-off)/float64(time.Millisecond), "ledger_cpu_s_per_s_at_1k_rps")
 	b.ReportMetric(0, "ns/op")
-}
-
-// cpuTime is this process's user + system CPU time.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkDecideFleetSize measures one kv-aware decision (candidates, the

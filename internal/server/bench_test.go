@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/internal/cputime"
 	"github.com/kvindex/kvindex/internal/kvblock"
 	"github.com/kvindex/kvindex/internal/radix"
 	"github.com/kvindex/kvindex/internal/tokenize"
@@ -169,15 +169,6 @@ func setupBench() (*benchEnv, error) {
 	return env, nil
 }
 
-// processCPU returns the user and system CPU time the process has used.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // runClients sends b.N requests from clients goroutines and reports latency
 // percentiles and throughput.
 func runClients(b *testing.B, clients int, call func(i int) error) {
@@ -188,7 +179,7 @@ func runClients(b *testing.B, clients int, call func(i int) error) {
 	var firstErr error
 	var wg sync.WaitGroup
 	b.ResetTimer()
-	cpu0 := processCPU(b)
+	cpu0 := cputime.Process()
 	start := time.Now()
 	for range clients {
 		wg.Add(1)
@@ -217,7 +208,7 @@ func runClients(b *testing.B, clients int, call func(i int) error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu := processCPU(b) - cpu0
+	cpu := cputime.Process() - cpu0
 	b.StopTimer()
 	if firstErr != nil {
 		b.Fatal(firstErr)
