@@ -68,11 +68,14 @@
 // contiguously on any tier, and PerTier[t] = how many of those blocks have t as
 // their fastest held tier (GPU < CPU < Disk), so PerTier sums to Blocks. Only
 // workers with Blocks > 0 are returned, sorted by WorkerKey. Cost: O(depth x
-// holders of the visited nodes) at worst. A run of nodes held by the same workers
-// costs one branch-free pass per node over its holder list (about half a
-// nanosecond a holder), however their tiers vary, and one comparison per node
-// when the tiers do not change either (a prompt cached whole). It does not
-// allocate when dst has room.
+// holders of the visited nodes) at worst. A node keeps up to two holders
+// inline; beyond two it keeps their worker ids in one array and their tiers in
+// bit planes apart from them (holders.go). A run of such nodes held by the same
+// workers, however their tiers vary, costs per node one comparison of the
+// worker ids (a memequal) and a few word operations per 64 holders to count the
+// fastest tiers by position, in bit-sliced counters read once at the end of the
+// run; a node whose tiers equal its predecessor's costs the comparison alone (a
+// prompt cached whole). It does not allocate when dst has room.
 //
 // # Snapshots and digest
 //

@@ -13,7 +13,7 @@ func checkInvariants(ix *Index) error {
 	st := &ix.st
 
 	children := make(map[uint32]uint32)
-	live, hints, namespaces, blockNodes, residencies := 0, 0, 0, 0, 0
+	live, hints, namespaces, blockNodes, residencies, spilled := 0, 0, 0, 0, 0, 0
 	for i := 1; i < len(st.nodes); i++ {
 		n := &st.nodes[i]
 		if n.parent == noNode {
@@ -22,7 +22,7 @@ func checkInvariants(ix *Index) error {
 		live++
 		if n.parent == 0 {
 			namespaces++
-			if n.holders[0] != 0 {
+			if n.held() {
 				return fmt.Errorf("namespace root %d has holders", i)
 			}
 		} else {
@@ -43,26 +43,25 @@ func checkInvariants(ix *Index) error {
 		if got := st.edges.find(st.nodes, n.parent, n.key); got != wantTabled {
 			return fmt.Errorf("edge table finds %d for node %d (hint of its parent: %v)", got, i, wantTabled == 0)
 		}
-		if n.holders[0] == 0 && n.children == 0 {
+		if !n.held() && n.children == 0 {
 			return fmt.Errorf("node %d kept with neither holders nor children", i)
 		}
-		if n.holders[0] == 0 && (n.holders[1] != 0 || n.more != 0) {
-			return fmt.Errorf("node %d holders not packed", i)
+		if err := checkHolderForm(st, n); err != nil {
+			return fmt.Errorf("node %d: %v", i, err)
 		}
-		if n.more != 0 && (n.holders[1] == 0 || len(st.extra[n.more]) == 0) {
-			return fmt.Errorf("node %d has an extra holder list while inline slots are free or it is empty", i)
+		if n.more != 0 {
+			spilled++
 		}
 		if n.hint != 0 && (st.nodes[n.hint].parent != uint32(i)) {
 			return fmt.Errorf("node %d hints at %d, not its child", i, n.hint)
 		}
-		count := st.holderCount(n)
-		for k := 0; k < count; k++ {
-			r := st.holderAt(uint32(i), k)
+		holders := appendHolders(st, nil, uint32(i))
+		for k, r := range holders {
 			wid := r >> 3
 			if r&7 == 0 || int(wid) >= len(st.workers) || st.workers[wid] == nil {
 				return fmt.Errorf("node %d has bad holder %x", i, r)
 			}
-			if k > 0 && st.holderAt(uint32(i), k-1)>>3 >= wid {
+			if k > 0 && holders[k-1]>>3 >= wid {
 				return fmt.Errorf("node %d holders not sorted by worker id at %d", i, k)
 			}
 			residencies++
@@ -74,6 +73,9 @@ func checkInvariants(ix *Index) error {
 				return fmt.Errorf("node %d counts %d children, has %d", i, st.nodes[i].children, children[uint32(i)])
 			}
 		}
+	}
+	if len(st.sets) != 1+spilled+len(st.freeSets) {
+		return fmt.Errorf("%d holder sets, %d spilled nodes and %d free sets", len(st.sets)-1, spilled, len(st.freeSets))
 	}
 	if st.edges.count != live-hints {
 		return fmt.Errorf("edge table holds %d edges for %d nodes that are not hints", st.edges.count, live-hints)
@@ -171,4 +173,55 @@ func checkInvariants(ix *Index) error {
 		}
 	}
 	return nil
+}
+
+// checkHolderForm checks that n's holders are in the form holders.go describes:
+// inline and packed while there are at most two, else spilled into a set of at
+// least three whose planes cover exactly its holders.
+func checkHolderForm(st *state, n *node) error {
+	if n.more == 0 {
+		if n.holders[0] == 0 && n.holders[1] != 0 {
+			return fmt.Errorf("inline holders not packed: %x", n.holders)
+		}
+		return nil
+	}
+	if n.holders != [2]uint32{} {
+		return fmt.Errorf("spilled, with inline holders %x", n.holders)
+	}
+	if int(n.more) >= len(st.sets) || slices.Contains(st.freeSets, n.more) {
+		return fmt.Errorf("holder set %d is not in use", n.more)
+	}
+	s := &st.sets[n.more]
+	if len(s.ids) < 3 {
+		return fmt.Errorf("spilled with %d holders", len(s.ids))
+	}
+	if len(s.planes) != NumTiers*planeGroups(len(s.ids)) {
+		return fmt.Errorf("%d plane words for %d holders", len(s.planes), len(s.ids))
+	}
+	if tail := len(s.ids) % 64; tail != 0 {
+		for t, w := range s.planes[len(s.planes)-NumTiers:] {
+			if w>>tail != 0 {
+				return fmt.Errorf("tier %d plane has bits beyond the %d holders: %x", t, len(s.ids), w)
+			}
+		}
+	}
+	return nil
+}
+
+// appendHolders appends the residencies of node n's holders, in worker id order.
+func appendHolders(st *state, dst []uint32, n uint32) []uint32 {
+	nd := &st.nodes[n]
+	if nd.more == 0 {
+		for _, r := range nd.holders {
+			if r != 0 {
+				dst = append(dst, r)
+			}
+		}
+		return dst
+	}
+	s := &st.sets[nd.more]
+	for i, wid := range s.ids {
+		dst = append(dst, residency(wid, s.mask(i)))
+	}
+	return dst
 }

@@ -24,16 +24,24 @@ type matchScratch struct {
 	slots   []matchSlot // by worker id
 	touched []uint64    // rank<<32 | worker id of the workers that matched block 0
 
-	// The current run (see Match): its base node, the mark of the workers matching
-	// through base, and the counts of the blocks after base. pairs[j] counts
-	// positions 2j and 2j+1 of base's holder list (inline holders first), one
-	// 32-bit half each, by fastest tier in fields of fieldBits; counted is the
-	// number of blocks in them, at most maxCounted. Zero between runs.
-	base     *node
-	baseMore []uint32
-	want     uint64
-	pairs    []uint64
-	counted  int
+	// The current run (see Match): the worker ids of its base node (nil when the
+	// base is not spilled: runs are only counted over spilled nodes), the mark of
+	// the workers matching through base, and the counts of the blocks after base
+	// by position in base's list. For word group j of the tier planes, counts
+	// holds countLevels bit-sliced counters, level by level, each level a word
+	// for the blocks whose fastest tier is the GPU and one for the CPU (bit i of
+	// level k is bit k of position 64j+i's count); the disk takes the rest.
+	// counted is the number of blocks in them, at most maxCounted. last is the
+	// tier planes of the latest block counted, and repeats how many blocks after
+	// it had the same planes, not yet in counts: a prompt cached whole has the
+	// same planes block after block, and adding them once, repeats times, costs
+	// less than adding every block. Zero between runs.
+	baseIDs []uint32
+	want    uint64
+	counts  []uint64
+	counted int
+	last    []uint64
+	repeats int
 }
 
 type matchSlot struct {
@@ -42,45 +50,18 @@ type matchSlot struct {
 	tiers   [NumTiers]int32
 }
 
-// fastestTier maps a residency's tier mask to the fastest tier in it (mask 0, an
-// empty holder slot, to NumTiers: no caller looks it up). A table, because
-// bits.TrailingZeros compiles to BSF for the baseline amd64 target, several
-// times slower than this load in the loops below.
+// fastestTier maps a tier mask to the fastest tier in it (mask 0, an empty
+// holder slot, to NumTiers: no caller looks it up). A table, because
+// bits.TrailingZeros compiles to BSF for the baseline amd64 target, slower than
+// this load.
 var fastestTier = [8]uint8{3, 0, 1, 0, 2, 0, 1, 0}
 
 const (
-	fieldBits  = 10
-	maxCounted = 1<<fieldBits - 1 // blocks a run counts between two settles
-	tierBits   = 7 | 7<<32        // the tier masks of two residencies read as one word
+	countLevels = 8                     // bits of a run's counts; settle's transposition takes 8
+	maxCounted  = 1<<countLevels - 1    // blocks a run counts between two settles
+	countWords  = 2 * countLevels       // counter words per word group: GPU and CPU by level
+	_           = uint(8 - countLevels) // columnCounts needs countLevels <= 8
 )
-
-// pairTiers[pairIndex(w)] is the count increment for a word w of two residencies:
-// one in the field of its fastest tier, in the half of its position; nothing for
-// an empty slot.
-var pairTiers = func() (t [64]uint64) {
-	one := func(mask int) uint64 {
-		if mask == 0 {
-			return 0
-		}
-		return 1 << (fieldBits * fastestTier[mask])
-	}
-	for i := range t {
-		t[i] = one(i>>3) | one(i&7)<<32
-	}
-	return t
-}()
-
-// pairIndex gathers the tier masks of the two residencies of w (bits 0-2 and
-// 32-34) into 6 bits with one multiplication: low mask << 3 | high mask.
-func pairIndex(w uint64) uint64 { return w & gather.mask * gather.mul >> 58 }
-
-// gather holds pairIndex's constants in a variable, not constants: loaded once
-// before a loop they stay in registers, where the compiler would rebuild two
-// 64-bit immediates every iteration (a fifth of the loop's time).
-var gather = struct{ mask, mul uint64 }{tierBits, 1<<61 | 1<<26}
-
-// inlineWord reads a node's two inline holders as one word of the holder list.
-func inlineWord(n *node) uint64 { return uint64(n.holders[0]) | uint64(n.holders[1])<<32 }
 
 // Match returns, for namespace ns and a prompt's block keys, every worker holding a
 // non-empty prefix of them, sorted by WorkerKey, appended to dst[:0]. filter, when
@@ -109,210 +90,252 @@ func (ix *Index) Match(ns uint64, keys []uint64, filter []string, dst []WorkerMa
 		return dst
 	}
 	// Marks of the workers still matching equal next. The base of a run is the
-	// last node whose holders were stepped one by one; the nodes after it held by
-	// the same workers, on any tiers, form the run. Every worker still matching
-	// holds all of them, so a run only counts tiers by position in base's holder
-	// list, in one branch-free pass per node, and marks move when it ends. A node
-	// whose list is identical to the one before (a chain stored whole) costs one
-	// comparison: repeats counts them, credited in one pass.
+	// last node whose holders were stepped one by one; the spilled nodes after it
+	// held by the same workers, on any tiers, form the run. Every worker still
+	// matching holds all of them, so a run counts tiers by position in base's
+	// holder list, a few word operations per node for 64 holders, and marks move
+	// when it ends. Nodes with one or two holders are stepped: that costs as
+	// little as counting.
 	var next uint64
-	var last *node // the run's latest node whose list differs from its predecessor's
-	var lastMore []uint32
-	run, repeats := 0, 0
+	run := 0
 	for d, key := range keys {
 		if cur = st.child(cur, key); cur == 0 {
 			break
 		}
 		n := &st.nodes[cur]
-		more := st.moreHolders(n)
 		if d == 0 {
 			next = uint64(sc.epoch)<<32 | 1
-			sc.admit(n.holders, filter != nil, next, st.rank)
-			for _, r := range more {
-				sc.admit([2]uint32{r}, filter != nil, next, st.rank)
-			}
+			sc.admit(st, n, filter != nil, next)
 			if len(sc.touched) == 0 {
 				return dst
 			}
-			sc.base, sc.baseMore, sc.want = n, more, next
+			sc.startRun(st, n, next)
 			continue
 		}
-		if last != nil && sameHolders(last, lastMore, n, more) {
-			repeats++
-			run++
-			continue
-		}
-		if sc.countIfSameWorkers(n, more) {
-			sc.countRepeats(last, lastMore, repeats)
-			last, lastMore, repeats = n, more, 0
-			run++
-			continue
+		if sc.baseIDs != nil && n.more != 0 {
+			if s := &st.sets[n.more]; sameIDs(s.ids, sc.baseIDs) {
+				sc.count(s.planes)
+				run++
+				continue
+			}
 		}
 		if run > 0 {
-			sc.countRepeats(last, lastMore, repeats)
 			sc.settle(run)
 			next += uint64(run)
-			run, repeats, last = 0, 0, nil
+			run = 0
 		}
-		if !sc.step(n, more, next) {
+		if !sc.step(st, n, next) {
 			break
 		}
 		next++
-		sc.base, sc.baseMore, sc.want = n, more, next
+		sc.startRun(st, n, next)
 	}
 	if run > 0 {
-		sc.countRepeats(last, lastMore, repeats)
 		sc.settle(run)
 	}
-	slices.Sort(sc.touched)
-	for _, t := range sc.touched {
-		s := &sc.slots[uint32(t)]
-		m := WorkerMatch{Worker: st.workers[uint32(t)].key, Blocks: int(uint32(s.mark))}
-		for i := range m.PerTier {
-			m.PerTier[i] = int(s.tiers[i])
+	sc.baseIDs = nil
+	// The answer goes in WorkerKey order: the touched workers sorted by rank, or,
+	// when they are a good part of all workers, the workers walked in order
+	// (cheaper than sorting them: a prompt every worker holds touches them all).
+	if len(st.order) > 8*len(sc.touched) {
+		slices.Sort(sc.touched)
+		for _, t := range sc.touched {
+			dst = sc.appendMatch(dst, st, uint32(t))
 		}
-		dst = append(dst, m)
+		return dst
 	}
-	sc.base, sc.baseMore = nil, nil
+	for _, wid := range st.order {
+		if uint32(sc.slots[wid].mark>>32) == sc.epoch {
+			dst = sc.appendMatch(dst, st, wid)
+		}
+	}
 	return dst
 }
 
+func (sc *matchScratch) appendMatch(dst []WorkerMatch, st *state, wid uint32) []WorkerMatch {
+	s := &sc.slots[wid]
+	return append(dst, WorkerMatch{
+		Worker:  st.workers[wid].key,
+		Blocks:  int(uint32(s.mark)),
+		PerTier: [NumTiers]int{int(s.tiers[0]), int(s.tiers[1]), int(s.tiers[2])},
+	})
+}
+
 // admit starts the count of the holders of the prompt's first block.
-func (sc *matchScratch) admit(holders [2]uint32, filtered bool, mark uint64, rank []uint32) {
-	for _, r := range holders {
-		if r == 0 {
-			return
+func (sc *matchScratch) admit(st *state, n *node, filtered bool, mark uint64) {
+	if n.more == 0 {
+		for _, r := range n.holders {
+			if r != 0 {
+				sc.admitOne(r>>3, uint8(r&7), filtered, mark, st.rank)
+			}
 		}
-		wid := r >> 3
-		s := &sc.slots[wid]
-		if filtered && s.allowed != sc.epoch {
-			continue
-		}
-		s.mark = mark
-		s.tiers = [NumTiers]int32{}
-		s.tiers[fastestTier[r&7]] = 1
-		sc.touched = append(sc.touched, uint64(rank[wid])<<32|uint64(wid))
+		return
+	}
+	s := &st.sets[n.more]
+	for i, wid := range s.ids {
+		sc.admitOne(wid, s.mask(i), filtered, mark, st.rank)
+	}
+}
+
+func (sc *matchScratch) admitOne(wid uint32, mask uint8, filtered bool, mark uint64, rank []uint32) {
+	s := &sc.slots[wid]
+	if filtered && s.allowed != sc.epoch {
+		return
+	}
+	s.mark = mark
+	s.tiers = [NumTiers]int32{}
+	s.tiers[fastestTier[mask]] = 1
+	sc.touched = append(sc.touched, uint64(rank[wid])<<32|uint64(wid))
+}
+
+// startRun makes node n, just stepped, the base of a run.
+func (sc *matchScratch) startRun(st *state, n *node, want uint64) {
+	sc.baseIDs, sc.want = nil, want
+	if n.more != 0 {
+		sc.baseIDs = st.sets[n.more].ids
 	}
 }
 
 // step advances, by one block of node n, the holders still matching (mark ==
 // want); it reports whether any did.
-func (sc *matchScratch) step(n *node, more []uint32, want uint64) bool {
+func (sc *matchScratch) step(st *state, n *node, want uint64) bool {
 	slots := sc.slots // a local slice keeps base and length in registers
 	advanced := 0
-	for _, r := range n.holders {
-		if s := &slots[r>>3]; s.mark == want && r != 0 {
-			s.mark = want + 1
-			s.tiers[fastestTier[r&7]]++
-			advanced++
+	if n.more == 0 {
+		for _, r := range n.holders {
+			if s := &slots[r>>3]; s.mark == want && r != 0 {
+				s.mark = want + 1
+				s.tiers[fastestTier[r&7]]++
+				advanced++
+			}
 		}
+		return advanced != 0
 	}
-	for _, r := range more {
-		if s := &slots[r>>3]; s.mark == want {
+	set := &st.sets[n.more]
+	for i, wid := range set.ids {
+		if s := &slots[wid]; s.mark == want {
 			s.mark = want + 1
-			s.tiers[fastestTier[r&7]]++
+			s.tiers[fastestTier[set.mask(i)]]++
 			advanced++
 		}
 	}
 	return advanced != 0
 }
 
-// countIfSameWorkers counts one block of node n in the run when n is held by the
-// same workers as the run's base, on any tiers, and reports whether it is. One
-// pass, two holders a word, compares the lists and counts: with tiers varying
-// from block to block this loop is where Match spends its time. A list that turns
-// out to differ is uncounted again, a second pass only at the end of a run.
-func (sc *matchScratch) countIfSameWorkers(n *node, more []uint32) bool {
-	b, bMore := sc.base, sc.baseMore
-	if len(more) != len(bMore) || n.holders[0] == 0 || (n.holders[1] == 0) != (b.holders[1] == 0) {
-		return false
-	}
+// count counts one block with tier planes planes in the run: per word group,
+// the plane of the holders whose fastest tier is the GPU and that of those
+// whose fastest is the CPU go into the bit-sliced counters. With tiers varying
+// from block to block this is where Match spends its time.
+func (sc *matchScratch) count(planes []uint64) {
 	if sc.counted == maxCounted {
 		sc.settle(0)
 	}
-	inline := inlineWord(n)
-	diff := inline ^ inlineWord(b)
-	pairs := sc.pairs[:1+(len(more)+1)/2]
-	pairs[0] += pairTiers[pairIndex(inline)]
-	words, bWords := asWords(more), asWords(bMore)
-	bWords = bWords[:len(words)]
-	acc := pairs[1:][:len(words)]
-	mask, mul := gather.mask, gather.mul // pairIndex, in registers
-	for i, w := range words {
-		acc[i] += pairTiers[w&mask*mul>>58]
-		diff |= w ^ bWords[i]
-	}
-	if len(more)%2 == 1 {
-		w := uint64(more[len(more)-1])
-		diff |= w ^ uint64(bMore[len(bMore)-1])
-		pairs[len(pairs)-1] += pairTiers[pairIndex(w)]
-	}
-	if diff&^tierBits != 0 {
-		sc.add(n, more, ^uint64(0)) // times -1: the counts wrap back exactly
-		return false
-	}
 	sc.counted++
-	return true
+	if slices.Equal(planes, sc.last) {
+		sc.repeats++
+		return
+	}
+	if sc.repeats > 0 {
+		sc.addRepeats()
+	}
+	for g := range len(planes) / NumTiers {
+		p := planes[NumTiers*g:][:NumTiers]
+		addPlanes((*[countWords]uint64)(sc.counts[countWords*g:]), 0, p[TierGPU], p[TierCPU]&^p[TierGPU])
+	}
+	sc.last = planes
 }
 
-// countRepeats counts in the run times more blocks with the holders of node n.
-func (sc *matchScratch) countRepeats(n *node, more []uint32, times int) {
-	for times > 0 {
-		if sc.counted == maxCounted {
-			sc.settle(0)
+// addRepeats adds the repeated planes of the latest block to the counts, at the
+// levels of the bits of repeats.
+func (sc *matchScratch) addRepeats() {
+	for g := range len(sc.last) / NumTiers {
+		p := sc.last[NumTiers*g:][:NumTiers]
+		c := (*[countWords]uint64)(sc.counts[countWords*g:])
+		for level, times := 0, sc.repeats; times != 0; level, times = level+1, times>>1 {
+			if times&1 != 0 {
+				addPlanes(c, 2*level, p[TierGPU], p[TierCPU]&^p[TierGPU])
+			}
 		}
-		k := min(times, maxCounted-sc.counted)
-		sc.add(n, more, uint64(k))
-		sc.counted += k
-		times -= k
 	}
+	sc.repeats = 0
 }
 
-// add counts times blocks of node n, held by the run's workers, in the run.
-func (sc *matchScratch) add(n *node, more []uint32, times uint64) {
-	pairs := sc.pairs[:1+(len(more)+1)/2]
-	pairs[0] += pairTiers[pairIndex(inlineWord(n))] * times
-	words := asWords(more)
-	acc := pairs[1:][:len(words)]
-	mask, mul := gather.mask, gather.mul // pairIndex, in registers
-	for i, w := range words {
-		acc[i] += pairTiers[w&mask*mul>>58] * times
-	}
-	if len(more)%2 == 1 {
-		pairs[len(pairs)-1] += pairTiers[pairIndex(uint64(more[len(more)-1]))] * times
+// addPlanes adds gpu and cpu, one bit per position, to their bit-sliced
+// counters from word from on: a ripple carry that stops when no position
+// carries any more (one loop for both, one mispredicted exit). The counts stay
+// below 1<<countLevels (maxCounted), so it never carries out of the last level.
+func addPlanes(levels *[countWords]uint64, from int, gpu, cpu uint64) {
+	for k := from; gpu|cpu != 0 && k < countWords; k += 2 {
+		levels[k], gpu = levels[k]^gpu, levels[k]&gpu
+		levels[k+1], cpu = levels[k+1]^cpu, levels[k+1]&cpu
 	}
 }
 
 // settle credits the run's counts to the holders of its base still matching
 // (mark == want), moves their marks by advance blocks and clears the counts.
 func (sc *matchScratch) settle(advance int) {
-	b, bMore := sc.base, sc.baseMore
-	pairs := sc.pairs[:1+(len(bMore)+1)/2]
-	sc.take(inlineWord(b), pairs[0], advance)
-	words := asWords(bMore)
-	for i, w := range words {
-		sc.take(w, pairs[1+i], advance)
+	sc.addRepeats()
+	sc.last = nil
+	ids := sc.baseIDs
+	counted := int32(sc.counted)
+	for g := range planeGroups(len(ids)) {
+		c := (*[countWords]uint64)(sc.counts[countWords*g:])
+		var gpu, cpu [8]uint64
+		for k := range countLevels {
+			gpu[k], cpu[k] = c[2*k], c[2*k+1]
+		}
+		gpu, cpu = columnCounts(gpu), columnCounts(cpu)
+		for i, wid := range ids[64*g : min(len(ids), 64*g+64)] {
+			s := &sc.slots[wid]
+			if s.mark != sc.want {
+				continue
+			}
+			s.mark += uint64(advance)
+			onGPU := int32(gpu[i/8] >> (8 * (i % 8)) & 0xFF)
+			onCPU := int32(cpu[i/8] >> (8 * (i % 8)) & 0xFF)
+			s.tiers[TierGPU] += onGPU
+			s.tiers[TierCPU] += onCPU
+			s.tiers[TierDisk] += counted - onGPU - onCPU
+		}
+		clear(c[:])
 	}
-	if len(bMore)%2 == 1 {
-		sc.take(uint64(bMore[len(bMore)-1]), pairs[len(pairs)-1], advance)
-	}
-	clear(pairs)
 	sc.counted = 0
 }
 
-// take credits one word of counts to its (up to) two holders.
-func (sc *matchScratch) take(holders, counts uint64, advance int) {
-	sc.takeOne(uint32(holders), uint32(counts), advance)
-	sc.takeOne(uint32(holders>>32), uint32(counts>>32), advance)
+// columnCounts turns bit-sliced counters of 64 positions into plain ones: byte
+// i%8 of out[i/8] is position i's count. That is a transposition of the 8x64
+// bit matrix of levels (level k of position i is bit i of levels[k]): first
+// of its 8x8 bytes (word k, byte q becomes word q, byte k), then of the bits
+// within each word.
+func columnCounts(out [8]uint64) [8]uint64 {
+	for _, s := range [...]struct {
+		rows  int
+		shift uint
+		mask  uint64
+	}{{1, 8, 0x00FF00FF00FF00FF}, {2, 16, 0x0000FFFF0000FFFF}, {4, 32, 0x00000000FFFFFFFF}} {
+		for k := range out {
+			if k&s.rows == 0 {
+				a, b := out[k], out[k+s.rows]
+				t := (a>>s.shift ^ b) & s.mask
+				out[k], out[k+s.rows] = a^t<<s.shift, b^t
+			}
+		}
+	}
+	for q, x := range out {
+		out[q] = transpose8(x)
+	}
+	return out
 }
 
-func (sc *matchScratch) takeOne(r, counts uint32, advance int) {
-	if s := &sc.slots[r>>3]; s.mark == sc.want && r != 0 {
-		s.mark += uint64(advance)
-		s.tiers[0] += int32(counts & maxCounted)
-		s.tiers[1] += int32(counts >> fieldBits & maxCounted)
-		s.tiers[2] += int32(counts >> (2 * fieldBits))
-	}
+// transpose8 transposes the 8x8 bit matrix x (byte r is row r, bit c of it
+// column c). Hacker's Delight, 7-3.
+func transpose8(x uint64) uint64 {
+	t := (x ^ x>>7) & 0x00AA00AA00AA00AA
+	x ^= t ^ t<<7
+	t = (x ^ x>>14) & 0x0000CCCC0000CCCC
+	x ^= t ^ t<<14
+	t = (x ^ x>>28) & 0x00000000F0F0F0F0
+	return x ^ t ^ t<<28
 }
 
 // scratchPool keeps a few matchScratch for reuse. Unlike sync.Pool it never drops
@@ -342,7 +365,7 @@ func (ix *Index) getScratch(workers int) *matchScratch {
 	}
 	if len(sc.slots) < workers {
 		sc.slots = make([]matchSlot, workers+workers/4)
-		sc.pairs = make([]uint64, 2+len(sc.slots)/2)
+		sc.counts = make([]uint64, countWords*planeGroups(len(sc.slots)))
 		sc.epoch = 0
 	}
 	sc.epoch++

@@ -2,9 +2,11 @@ package radix
 
 import (
 	"fmt"
+	"maps"
 	"math/bits"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -91,6 +93,13 @@ func TestMatchLongRuns(t *testing.T) {
 		layout chainLayout
 	}{
 		{"64 workers, tiers vary every block", chainLayout{64, long, func(w, i int) uint8 { return 1 << ((w + i) % NumTiers) }}},
+		{"130 workers (three plane words), masks vary every block", chainLayout{130, 700, func(w, i int) uint8 { return uint8(1 + (w*5+i*3)%7) }}},
+		{"65 workers, the last drops out", chainLayout{65, 600, func(w, i int) uint8 {
+			if w == 64 && i >= 300 {
+				return 0
+			}
+			return 1 << ((w + i) % NumTiers)
+		}}},
 		{"5 workers, one on the same tier throughout, lists differ", chainLayout{5, long, func(w, i int) uint8 {
 			if w == 3 {
 				return 1 << TierCPU
@@ -145,5 +154,64 @@ func TestMatchLongRuns(t *testing.T) {
 				t.Fatalf("Match filtered to %v:\n got  %+v\n want %+v", names, got, want)
 			}
 		})
+	}
+}
+
+// TestHolderSetsAgreeWithAMap sets, changes and removes the holders of one node
+// in random order, up to 150 workers (three words of tier planes, inline and
+// spilled forms both ways), and compares every holder and Match with a map.
+func TestHolderSetsAgreeWithAMap(t *testing.T) {
+	const workers = 150
+	rng := rand.New(rand.NewPCG(21, 22))
+	ix := New(Config{})
+	want := map[int]uint8{} // worker -> tier mask
+	key := []uint64{10}
+	name := func(w int) WorkerKey { return WorkerKey{Worker: fmt.Sprintf("w%03d", w)} }
+	most, fewestAfter := 0, workers // fewest holders seen after the most
+	for step := range 6000 {
+		w, tier := rng.IntN(workers), Tier(rng.IntN(NumTiers))
+		// Grow for a while, then shrink, then grow again, so counts cross 2 and 64
+		// both ways. A removal mostly takes a tier some holder has.
+		if grow := step%3000 < 1500; grow == (rng.IntN(10) != 0) {
+			if _, err := ix.Stored(name(w), ns1, 0, false, u(1), key, tier); err != nil {
+				t.Fatal(err)
+			}
+			want[w] |= tier.bit()
+		} else {
+			if held := slices.Sorted(maps.Keys(want)); len(held) > 0 && rng.IntN(5) != 0 {
+				w = held[rng.IntN(len(held))]
+				tier = Tier(bits.TrailingZeros8(want[w]))
+			}
+			if _, err := ix.Removed(name(w), u(1), tier); err != nil {
+				t.Fatal(err)
+			}
+			if want[w] &^= tier.bit(); want[w] == 0 {
+				delete(want, w)
+			}
+		}
+		if len(want) > most {
+			most, fewestAfter = len(want), len(want)
+		}
+		fewestAfter = min(fewestAfter, len(want))
+		if step%50 != 0 {
+			continue
+		}
+		if err := checkInvariants(ix); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		var wantMatch []WorkerMatch
+		for w := range workers {
+			if mask, ok := want[w]; ok {
+				m := WorkerMatch{Worker: name(w), Blocks: 1}
+				m.PerTier[bits.TrailingZeros8(mask)] = 1
+				wantMatch = append(wantMatch, m)
+			}
+		}
+		if got := ix.Match(ns1, key, nil, nil); !reflect.DeepEqual(got, wantMatch) && len(got)+len(wantMatch) > 0 {
+			t.Fatalf("step %d: Match = %+v, want %+v", step, got, wantMatch)
+		}
+	}
+	if most <= 128 || fewestAfter > 2 {
+		t.Errorf("holder counts went up to %d and down to %d, want beyond 128 and to 2 or fewer", most, fewestAfter)
 	}
 }

@@ -299,7 +299,7 @@ func (d *decoder) readState(st state) (state, error) {
 		}
 	}
 	for i := 1; i < len(st.nodes) && d.err == nil; i++ {
-		if n := &st.nodes[i]; n.holders[0] == 0 && n.children == 0 {
+		if n := &st.nodes[i]; !n.held() && n.children == 0 {
 			d.fail("node %d has neither holders nor children", i)
 		}
 	}

@@ -1,10 +1,6 @@
 package radix
 
-import (
-	"bytes"
-	"hash/maphash"
-	"unsafe"
-)
+import "hash/maphash"
 
 // state is the index proper: single-threaded, guarded by Index.mu.
 //
@@ -22,8 +18,8 @@ type state struct {
 	nodes    []node
 	freeNode uint32 // head of the free-node list, 0 = empty
 	edges    edgeTable
-	extra    [][]uint32 // holders beyond a node's two inline ones; index 0 unused
-	freeSlot []uint32   // unused indexes of extra
+	sets     []holderSet // holder lists of spilled nodes (see holders.go); index 0 unused
+	freeSets []uint32    // unused indexes of sets
 
 	workers   []*workerState // by worker id; nil when the id is free
 	workerIDs map[WorkerKey]uint32
@@ -43,18 +39,15 @@ type state struct {
 // noNode marks a freed arena slot (as its parent).
 const noNode = ^uint32(0)
 
-// node is 32 bytes. A residency is a worker id shifted left by 3 with the tier
-// bitmask in the low 3 bits, so it is never 0 and 0 marks an empty holder slot.
+// node is 32 bytes. Its holders are inline or spilled, see holders.go.
 type node struct {
 	key      uint64
 	parent   uint32
 	hint     uint32 // the most recently created child, not in the edge table (0: none)
 	children uint32
-	holders  [2]uint32
-	more     uint32 // index into state.extra for holders beyond two, 0 = none
+	holders  [2]uint32 // inline residencies, while the node has at most two holders
+	more     uint32    // index into state.sets when it has more, 0 = none
 }
-
-func residency(wid uint32, mask uint8) uint32 { return wid<<3 | uint32(mask) }
 
 func newState(cfg Config) state {
 	maxDetached := cfg.MaxDetachedPerWorker
@@ -67,7 +60,7 @@ func newState(cfg Config) state {
 		nodes:       []node{{parent: noNode}},
 		edges:       newEdgeTable(seed),
 		seed:        seed,
-		extra:       [][]uint32{nil},
+		sets:        []holderSet{{}},
 		workerIDs:   map[WorkerKey]uint32{},
 		byName:      map[string][]uint32{},
 	}
@@ -121,7 +114,7 @@ func (st *state) childOrCreate(parent uint32, key uint64) uint32 {
 func (st *state) release(n uint32) {
 	for n != 0 {
 		nd := &st.nodes[n]
-		if nd.holders[0] != 0 || nd.children != 0 {
+		if nd.held() || nd.children != 0 {
 			return
 		}
 		p := nd.parent
@@ -140,137 +133,5 @@ func (st *state) release(n uint32) {
 		*nd = node{parent: noNode, hint: st.freeNode}
 		st.freeNode = n
 		n = p
-	}
-}
-
-// Holders of a node form one list sorted by worker id: positions 0 and 1 inline,
-// 2 and up in st.extra[node.more], filled from the front. Sorted, the lists of two
-// nodes held by the same workers on the same tiers are byte-identical whatever
-// order the workers stored them in, which Match exploits.
-
-func (st *state) holderCount(nd *node) int {
-	switch {
-	case nd.holders[0] == 0:
-		return 0
-	case nd.holders[1] == 0:
-		return 1
-	}
-	return 2 + len(st.moreHolders(nd))
-}
-
-// moreHolders returns the holders of n beyond the inline two.
-func (st *state) moreHolders(n *node) []uint32 {
-	if n.more == 0 {
-		return nil
-	}
-	return st.extra[n.more]
-}
-
-func (st *state) holderAt(n uint32, i int) uint32 {
-	if i < 2 {
-		return st.nodes[n].holders[i]
-	}
-	return st.extra[st.nodes[n].more][i-2]
-}
-
-func (st *state) putHolder(n uint32, i int, r uint32) {
-	if i < 2 {
-		st.nodes[n].holders[i] = r
-	} else {
-		st.extra[st.nodes[n].more][i-2] = r
-	}
-}
-
-// findHolder returns worker wid's position at node n, or the position where it
-// belongs, whether it is there, and the number of holders.
-func (st *state) findHolder(n, wid uint32) (pos int, found bool, count int) {
-	count = st.holderCount(&st.nodes[n])
-	for pos = 0; pos < count; pos++ {
-		if w := st.holderAt(n, pos) >> 3; w >= wid {
-			return pos, w == wid, count
-		}
-	}
-	return count, false, count
-}
-
-// sameHolders reports whether two nodes, given with their extra holders, have
-// identical holder lists.
-func sameHolders(a *node, aMore []uint32, b *node, bMore []uint32) bool {
-	return a.holders == b.holders && bytes.Equal(asBytes(aMore), asBytes(bMore))
-}
-
-// asWords views holders as uint64 words, two holders each; an odd last holder is
-// left out.
-func asWords(s []uint32) []uint64 {
-	return unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(s))), len(s)/2)
-}
-
-// asBytes views holders as bytes, so comparing lists is one vectorised memequal
-// (a per-element loop costs the most of a Match over many holders).
-func asBytes(s []uint32) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), 4*len(s))
-}
-
-// holderMask returns worker wid's tier mask at node n (0 = not held).
-func (st *state) holderMask(n, wid uint32) uint8 {
-	if i, found, _ := st.findHolder(n, wid); found {
-		return uint8(st.holderAt(n, i) & 7)
-	}
-	return 0
-}
-
-// setHolder sets worker wid's tier mask at node n; mask 0 removes the worker and
-// releases n if nothing else keeps it.
-func (st *state) setHolder(n, wid uint32, mask uint8) {
-	i, found, count := st.findHolder(n, wid)
-	switch {
-	case found && mask != 0:
-		st.putHolder(n, i, residency(wid, mask))
-	case found:
-		st.deleteHolder(n, i, count)
-		st.residencies--
-		st.release(n)
-	case mask != 0:
-		st.insertHolder(n, i, count, residency(wid, mask))
-		st.residencies++
-	}
-}
-
-// insertHolder puts r at position i of n's count holders, shifting the rest up.
-func (st *state) insertHolder(n uint32, i, count int, r uint32) {
-	if count >= 2 {
-		nd := &st.nodes[n]
-		if nd.more == 0 {
-			if k := len(st.freeSlot); k > 0 {
-				nd.more = st.freeSlot[k-1]
-				st.freeSlot = st.freeSlot[:k-1]
-			} else {
-				nd.more = uint32(len(st.extra))
-				st.extra = append(st.extra, nil)
-			}
-		}
-		st.extra[nd.more] = append(st.extra[nd.more], 0)
-	}
-	for j := count; j > i; j-- {
-		st.putHolder(n, j, st.holderAt(n, j-1))
-	}
-	st.putHolder(n, i, r)
-}
-
-// deleteHolder removes position i of n's count holders, shifting the rest down.
-func (st *state) deleteHolder(n uint32, i, count int) {
-	for j := i; j < count-1; j++ {
-		st.putHolder(n, j, st.holderAt(n, j+1))
-	}
-	nd := &st.nodes[n]
-	switch {
-	case count <= 2:
-		nd.holders[count-1] = 0
-	case count > 3:
-		st.extra[nd.more] = st.extra[nd.more][:count-3]
-	default:
-		st.extra[nd.more] = nil
-		st.freeSlot = append(st.freeSlot, nd.more)
-		nd.more = 0
 	}
 }
