@@ -2,7 +2,6 @@ package router
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -19,30 +18,20 @@ func TestKubeSourceFeedsTheFleet(t *testing.T) {
 	specs := f.specs(t)
 	cfg := testConfig(t, f)
 	cfg.Workers = nil
-	r, err := New(cfg, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	lists := make(chan []workerspec.Spec)
-	r.SetKubeSource(func(ctx context.Context, update func([]workerspec.Spec)) error {
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case l := <-lists:
-				update(l)
+	rt := startRouterWith(t, cfg, func(r *Router) {
+		r.SetKubeSource(func(ctx context.Context, update func([]workerspec.Spec)) error {
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case l := <-lists:
+					update(l)
+				}
 			}
-		}
+		})
 	})
-	l, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx, l) }()
-	defer func() { cancel(); <-done }()
-	url := "http://" + l.Addr().String()
+	r, url := rt.Router, rt.url
 	ids := func() string {
 		var out []string
 		for _, w := range r.fleet.Workers() {
@@ -51,8 +40,13 @@ func TestKubeSourceFeedsTheFleet(t *testing.T) {
 		return strings.Join(out, ",")
 	}
 
-	if resp, err := http.Get(url + "/readyz"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("readyz before discovery: %v %v, want 503", resp.StatusCode, err)
+	resp, err := http.Get(url + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("readyz before discovery: %d, want 503", resp.StatusCode)
 	}
 	for _, step := range []struct {
 		list []workerspec.Spec
@@ -69,7 +63,7 @@ func TestKubeSourceFeedsTheFleet(t *testing.T) {
 	if code, _, raw := post(t, url, "/v1/completions", completionBody("kube", 2)); code != http.StatusOK {
 		t.Fatalf("routing to a discovered worker: %d %s", code, raw)
 	}
-	if got := (&testRouter{Router: r}).servedCount("w0"); got != 1 {
+	if got := rt.servedCount("w0"); got != 1 {
 		t.Errorf("w0 served %d requests, want 1", got)
 	}
 }

@@ -8,33 +8,46 @@
 //
 //   - config.go: Config, DefaultConfig, Validate and the flags (KVINDEX_ROUTER_* env).
 //   - fleet.go: the worker set (static --worker, --workers-file reloaded on change,
-//     or the indexer's registry), with each worker's served models and LoRA adapters.
+//     or the indexer's registry), with each worker's served models and LoRA adapters;
+//     discovery.go: the --kube-* flags (the watching itself is internal/kube, wired
+//     in by cmd/router).
 //   - prompt.go: request body -> model, token ids and block keys (internal/openai,
-//     internal/tokenize, internal/kvblock), cached per prompt.
+//     internal/tokenize, internal/kvblock), cached per prompt; keys.go: the session
+//     and prefix-hash keys (explicit headers and fields, canonical context).
 //   - overlap.go: per-candidate cached prefix from the indexer (QueryByHash under a
 //     deadline), the predicted overlay of recent decisions, and the approximate
 //     index used while the indexer is down. overlay.go is the TTL-bounded store the
-//     latter two share.
+//     latter two share; sessions.go remembers each session's last worker.
 //   - load.go: the load ledger: per worker and dp rank in-flight requests, uncached
 //     prefill tokens (dispatch -> first byte) and decode blocks (dispatch -> end),
-//     held by Reservations that exactly one owner releases.
+//     held by Reservations that exactly one owner releases. ledger_client.go shares
+//     it with the other routers through the indexer leader (--ledger).
 //   - breaker.go: the per-worker circuit breaker (closed, open, half-open probe).
-//   - filter.go: eligibility (model, LoRA, role, breaker, busy thresholds) with the
-//     reason for every exclusion.
-//   - policy.go and policy_*.go: the Policy contract and the policies: kv-aware
-//     (cost.go holds its formula), round-robin, random, power-of-two, least-loaded,
-//     session and prefix-hash (ring.go, keys.go).
-//   - route.go: one decision: candidates -> filters -> policy -> Decision.
+//   - route.go: one decision: pools (model, LoRA, role) -> filters (breaker,
+//     --max-pending, busy thresholds; every exclusion with its reason) -> overlaps
+//     -> policy -> Decision with its reservations; direct mode and PD pairing.
+//   - policy.go, policy_load.go, policy_ring.go: the Policy contract and the
+//     policies: kv-aware (cost.go holds its formula), round-robin, random,
+//     power-of-two, least-loaded, session and prefix-hash (ring.go).
 //   - proxy.go, upstream.go, pd.go, admission.go: the HTTP side: admission queue,
-//     dispatch with retries before the first byte, SSE relay, prefill/decode legs.
+//     dispatch with retries before the first byte, SSE relay, prefill/decode legs;
+//     errors.go maps every error to its HTTP status and OpenAI error body.
 //   - parity.go, scrape.go: token-parity probes against the engines' /tokenize and
 //     the optional engine /metrics scrape.
 //   - metrics.go: Prometheus metrics (stable names, kvindex_router_*).
-//   - server.go: Run, which wires the above and serves until the context ends.
+//   - debug.go: POST /debug/route (the dry run) and the RouteDecision debug log.
+//   - ui.go, ui_recent.go: the web console (docs/console.md).
+//   - epp.go: the Gateway API endpoint-picker (Envoy ext_proc) server.
+//   - export.go: what the route bench's offline simulator drives (bench/routebench).
+//   - server.go: New, Run and Main, which wire the above and serve until the
+//     context ends.
 //
 // Concurrency: a Router serves many requests at once. Fleet, Ledger, Breakers, the
 // overlays and the metrics are safe for concurrent use, each behind its own mutex
-// (never two held at once, so there is no lock order to keep). Policies are called
+// (never two of them held at once; the metric hooks some call under theirs take
+// only Prometheus's leaf locks). The Router's pickMu makes load snapshot, pick,
+// reservation and breaker probe one step; it is only ever taken outside those
+// mutexes, so the one lock order is pickMu first. Policies are called
 // concurrently and keep their own small state (round-robin counter, session ring)
 // behind atomics or their own mutex. Every upstream leg of a request runs under the
 // request's context, so a client that hangs up cancels all of them at once.

@@ -1,8 +1,6 @@
 package router
 
 import (
-	"context"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -80,33 +78,6 @@ func countUpstream(t *testing.T, cfg *Config) map[string]*upstreamCounter {
 		out[cfg.Workers[i].ID] = u
 	}
 	return out
-}
-
-// startRouterWith is startRouter with a hook that may adjust the Router (e.g.
-// inject a fake clock) before it serves anything.
-func startRouterWith(t *testing.T, cfg Config, adjust func(*Router)) *testRouter {
-	t.Helper()
-	r, err := New(cfg, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if adjust != nil {
-		adjust(r)
-	}
-	l, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx, l) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("router: %v", err)
-		}
-	})
-	return &testRouter{Router: r, url: "http://" + l.Addr().String()}
 }
 
 // counts returns each counter's count.

@@ -183,9 +183,19 @@ func testConfig(t testing.TB, f *fleet) Config {
 
 func startRouter(t testing.TB, cfg Config) *testRouter {
 	t.Helper()
+	return startRouterWith(t, cfg, nil)
+}
+
+// startRouterWith is startRouter with a hook that may adjust the Router (inject
+// a fake clock, a discovery source) before it serves anything.
+func startRouterWith(t testing.TB, cfg Config, adjust func(*Router)) *testRouter {
+	t.Helper()
 	r, err := New(cfg, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if adjust != nil {
+		adjust(r)
 	}
 	l, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

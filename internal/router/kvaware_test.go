@@ -35,6 +35,7 @@ func TestKVAwareFollowsTheCachedPrefix(t *testing.T) {
 		}
 	})
 	ix.caughtUp(t, f)
+	available, captured := testutil.ToFloat64(rt.metrics.hitAvailable), testutil.ToFloat64(rt.metrics.hitCaptured)
 	var c completion
 	second := rt.servedBy(t, f.ids, func() {
 		var code int
@@ -48,6 +49,14 @@ func TestKVAwareFollowsTheCachedPrefix(t *testing.T) {
 	}
 	if cached := c.Usage.PromptTokensDetails.CachedTokens; cached < c.Usage.PromptTokens/2 {
 		t.Fatalf("engine %s reports %d of %d prompt tokens cached; the prefix should be", first, cached, c.Usage.PromptTokens)
+	}
+	// The hit metrics: the best overlap on offer was the chosen worker's, and it
+	// is no more than what the engine then found in its cache.
+	available = testutil.ToFloat64(rt.metrics.hitAvailable) - available
+	captured = testutil.ToFloat64(rt.metrics.hitCaptured) - captured
+	if captured == 0 || captured != available || captured*4 > float64(c.Usage.PromptTokensDetails.CachedTokens) {
+		t.Errorf("hit blocks captured %v of %v available for the second request, engine cached %d tokens (blocks of 4): want equal, nonzero, and within the engine's hit",
+			captured, available, c.Usage.PromptTokensDetails.CachedTokens)
 	}
 	if n := rt.metrics.decisions.WithLabelValues(PolicyKVAware, string(SourceIndex)); testutil.ToFloat64(n) < 2 {
 		t.Errorf("decisions from the index = %v, want both", testutil.ToFloat64(n))

@@ -72,8 +72,14 @@ func TestIndexerOutageFallsBackAndRecovers(t *testing.T) {
 	if testutil.ToFloat64(rt.metrics.indexerUp) != 1 {
 		t.Error("kvindex_router_indexer_up is 0 after the indexer came back")
 	}
-	if failed := testutil.ToFloat64(rt.metrics.requests.WithLabelValues(PolicyKVAware, resultUpstreamError, "")); failed != 0 {
-		t.Errorf("%v requests failed", failed)
+	// ask stops the test at a failed request already; the counters must agree
+	// (an upstream error is counted under the worker that failed it).
+	for _, w := range append([]string{""}, f.ids...) {
+		for _, result := range []string{resultUpstreamError, resultNoWorker, resultClientError} {
+			if n := testutil.ToFloat64(rt.metrics.requests.WithLabelValues(PolicyKVAware, result, w)); n != 0 {
+				t.Errorf("requests{result=%s,worker=%q} = %v, want 0", result, w, n)
+			}
+		}
 	}
 	rt.assertNoLoad(t, f.ids)
 }
