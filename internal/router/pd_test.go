@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -184,4 +185,132 @@ func TestPDClientCancelReachesBothLegs(t *testing.T) {
 	resp.Body.Close()
 	rt.assertNoLoad(t, f.ids)
 	waitFor(t, 10*time.Second, "the decode engine to drop the request", func() bool { return engineRunning(t, slow) == 0 })
+}
+
+// recentDecision is the router's seq-th decision as the console keeps it.
+func (r *testRouter) recentDecision(t *testing.T, seq uint64) decisionJSON {
+	t.Helper()
+	e, ok := r.ui.recent.find(seq)
+	if !ok {
+		t.Fatalf("decision %d is not kept", seq)
+	}
+	return e.json().decisionJSON
+}
+
+// postHeader is post that also returns the answer's headers.
+func postHeader(t *testing.T, url, body string, header ...string) (completion, http.Header) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var c completion
+	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %v", resp.StatusCode, err)
+	}
+	return c, resp.Header
+}
+
+// Conditional disaggregation: a prompt with fewer than --pd-min-uncached-tokens
+// tokens uncached on the decode worker is prefilled there (no prefill leg at all);
+// a longer one gets a prefill leg; a follow-up whose prefix the decode worker
+// already holds (it decoded the long one) is local again although it is long.
+func TestPDConditionalDisaggregation(t *testing.T) {
+	f := pdFleet(t, nil)
+	cfg := testConfig(t, f)
+	cfg.PDMinUncachedTokens = 500
+	cfg.PredictedTTL = 10 * time.Minute // the decode worker's overlap comes from the router's own decisions
+	rt := startRouter(t, cfg)
+	prefillWork := func() float64 {
+		return enginePromptTokens(t, f.engines["w0"]) + enginePromptTokens(t, f.engines["w1"])
+	}
+	local := func() float64 {
+		return testutil.ToFloat64(rt.metrics.pdLocalPrefill.WithLabelValues("below_threshold"))
+	}
+
+	for i, c := range []struct {
+		name   string
+		prompt string
+		split  bool
+	}{
+		{"short prompt", words("short", 50), false},                           // ~190 tokens
+		{"long prompt", words("long", 300), true},                             // ~1,100 tokens
+		{"follow-up of the long prompt", words("long", 300) + " more", false}, // ~5 uncached on w2
+	} {
+		workBefore, localBefore := prefillWork(), local()
+		got, h := postHeader(t, rt.url, completionBody(c.prompt, 3))
+		if h.Get(HeaderServedBy) != "w2" {
+			t.Fatalf("%s: served by %q, want the decode worker w2", c.name, h.Get(HeaderServedBy))
+		}
+		d := rt.recentDecision(t, uint64(i+1))
+		if len(d.Candidates) != 1 || d.Candidates[0].Worker != "w2" {
+			t.Fatalf("%s: decode candidates %+v, want w2 alone", c.name, d.Candidates)
+		}
+		uncached := d.PromptTokens - d.Candidates[0].Overlap*d.BlockSize
+		if c.split {
+			if h.Get(HeaderPrefillBy) == "" || prefillWork() == workBefore || got.Usage.PromptTokensDetails.CachedTokens != got.Usage.PromptTokens {
+				t.Errorf("%s (%d tokens uncached on w2): prefill worker %q, prefill engines' prompt tokens %v -> %v, decode received %d of %d: want a prefill leg",
+					c.name, uncached, h.Get(HeaderPrefillBy), workBefore, prefillWork(), got.Usage.PromptTokensDetails.CachedTokens, got.Usage.PromptTokens)
+			}
+			if uncached < cfg.PDMinUncachedTokens || local() != localBefore {
+				t.Errorf("%s: %d tokens uncached, local prefills %v -> %v", c.name, uncached, localBefore, local())
+			}
+			continue
+		}
+		if h.Get(HeaderPrefillBy) != "" || prefillWork() != workBefore || local() != localBefore+1 {
+			t.Errorf("%s (%d tokens uncached on w2): prefill worker %q, prefill engines' prompt tokens %v -> %v, local prefills %v -> %v: want the decode worker to prefill it",
+				c.name, uncached, h.Get(HeaderPrefillBy), workBefore, prefillWork(), localBefore, local())
+		}
+		if uncached >= cfg.PDMinUncachedTokens || !d.LocalPrefill {
+			t.Errorf("%s: decision %+v, %d tokens uncached: want local prefill below %d", c.name, d, uncached, cfg.PDMinUncachedTokens)
+		}
+	}
+	rt.assertNoLoad(t, f.ids)
+}
+
+// In direct mode the headers name both legs: x-prefill-instance-id gets the
+// prefill leg, x-worker-instance-id the decode stream with its
+// kv_transfer_params; without x-prefill-instance-id the named decode worker
+// prefills itself.
+func TestPDDirectModeNamesBothLegs(t *testing.T) {
+	f := pdFleet(t, nil)
+	cfg := testConfig(t, f)
+	cfg.Mode = ModeDirect
+	rt := startRouter(t, cfg)
+	for i, prefill := range []string{"w1", "w0", ""} {
+		before := map[string]float64{}
+		for _, id := range f.ids {
+			before[id] = engineGenerated(t, f.engines[id])
+		}
+		hdr := []string{"X-Worker-Instance-Id", "w2"}
+		if prefill != "" {
+			hdr = append(hdr, "X-Prefill-Instance-Id", prefill)
+		}
+		got, h := postHeader(t, rt.url, completionBody(words(fmt.Sprintf("direct-pd-%d", i), 80), 4), hdr...)
+		if h.Get(HeaderServedBy) != "w2" || h.Get(HeaderPrefillBy) != prefill {
+			t.Fatalf("prefill %q: served by %q, prefilled by %q", prefill, h.Get(HeaderServedBy), h.Get(HeaderPrefillBy))
+		}
+		for _, id := range []string{"w0", "w1"} {
+			want := 0.0
+			if id == prefill {
+				want = 1 // max_tokens 1 on the prefill leg
+			}
+			if d := engineGenerated(t, f.engines[id]) - before[id]; d != want {
+				t.Errorf("prefill %q: %s generated %v tokens, want %v", prefill, id, d, want)
+			}
+		}
+		received := got.Usage.PromptTokensDetails.CachedTokens == got.Usage.PromptTokens
+		if received != (prefill != "") {
+			t.Errorf("prefill %q: the decode worker received %d of %d prompt tokens", prefill, got.Usage.PromptTokensDetails.CachedTokens, got.Usage.PromptTokens)
+		}
+	}
+	rt.assertNoLoad(t, f.ids)
 }
