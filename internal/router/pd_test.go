@@ -143,7 +143,9 @@ func TestPDClientCancelReachesBothLegs(t *testing.T) {
 			c.TimeScale = 0.02
 		}
 	})
-	rt := startRouter(t, testConfig(t, f))
+	cfg := testConfig(t, f)
+	up := countUpstream(t, &cfg)
+	rt := startRouter(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rt.url+"/v1/completions", strings.NewReader(completionBody(words("cancel-prefill", 50), 3)))
 	done := make(chan error, 1)
@@ -155,11 +157,17 @@ func TestPDClientCancelReachesBothLegs(t *testing.T) {
 		done <- err
 	}()
 	waitFor(t, 5*time.Second, "the prefill leg to be in flight", func() bool {
-		return rt.ledger.Load(Target{Worker: "w0"}).InFlight+rt.ledger.Load(Target{Worker: "w1"}).InFlight == 1
+		return rt.ledger.Load(Target{Worker: "w0"}).InFlight+rt.ledger.Load(Target{Worker: "w1"}).InFlight == 1 &&
+			up["w0"].inflight.Load()+up["w1"].inflight.Load() == 1
 	})
 	cancel()
 	<-done
 	rt.assertNoLoad(t, f.ids)
+	// The prefill engine hangs for a minute: only the router hanging up ends the
+	// request there this early.
+	waitFor(t, 10*time.Second, "the prefill leg's upstream request to end", func() bool {
+		return up["w0"].inflight.Load()+up["w1"].inflight.Load() == 0
+	})
 	if got := enginePromptTokens(t, f.engines["w2"]); got != 0 {
 		t.Errorf("the decode worker received %v prompt tokens after the client left during prefill", got)
 	}

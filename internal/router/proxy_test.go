@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -216,4 +217,62 @@ func TestTrailersAreRelayed(t *testing.T) {
 	if got := resp.Trailer.Get(fakeengine.HeaderSimTTFT); got == "" {
 		t.Errorf("trailer %s missing; trailers %v", fakeengine.HeaderSimTTFT, resp.Trailer)
 	}
+}
+
+// The SSE stream reaches the client event by event, not when the engine is done:
+// the engine stalls after two token chunks and holds the stream open until the
+// client leaves, so the client can read those two only if the router flushed
+// each as it came.
+func TestSSEIsRelayedEventByEvent(t *testing.T) {
+	f := startFleet(t, 1, func(_ int, c *fakeengine.Config) { c.Faults.StallAfterTokens = 2 })
+	cfg := testConfig(t, f)
+	cfg.RequestIdleTimeout = 0 // nothing but the client ends the stalled stream
+	rt := startRouter(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Headers and events are read aside: a buffering router would block both.
+	got := make(chan []string, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rt.url+"/v1/completions", strings.NewReader(streamBody(words("flush", 30), 20)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			got <- nil
+			return
+		}
+		defer resp.Body.Close() // after the test's cancel: the stream stays open until then
+		var events []string
+		sc := bufio.NewScanner(resp.Body)
+		for len(events) < 2 && sc.Scan() {
+			if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				events = append(events, d)
+			}
+		}
+		got <- events
+		<-ctx.Done()
+	}()
+	select {
+	case events := <-got:
+		for _, e := range events {
+			var chunk struct {
+				Choices []struct {
+					Text string `json:"text"`
+				} `json:"choices"`
+			}
+			if json.Unmarshal([]byte(e), &chunk) != nil || len(chunk.Choices) != 1 || chunk.Choices[0].Text == "" {
+				t.Errorf("event %q is not a token chunk", e)
+			}
+		}
+		if len(events) != 2 {
+			t.Fatalf("read %d events before the stream ended, want 2", len(events))
+		}
+	case <-time.After(30 * time.Second):
+		cancel()
+		t.Fatal("the two token chunks the engine sent did not reach the client while the stream stayed open: the router buffers")
+	}
+	if n := rt.ledger.Load(Target{Worker: "w0"}).InFlight; n != 1 {
+		t.Errorf("in flight on w0 = %d while the stream is open, want 1", n)
+	}
+	cancel()
+	waitFor(t, 10*time.Second, "the engine to drop the stream", func() bool { return engineRunning(t, f.engines["w0"]) == 0 })
+	rt.assertNoLoad(t, f.ids)
 }
