@@ -1,8 +1,14 @@
 package router
 
 import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvindex/kvindex/bench/fakeengine"
 )
 
 // ledgerRig is a Ledger on a fake clock whose metric hooks keep running sums.
@@ -177,4 +183,59 @@ func TestLedgerChangedClosesWhenLoadGoesDown(t *testing.T) {
 	if !closed(ch) {
 		t.Fatal("Changed not closed by a sweep")
 	}
+}
+
+// A data-parallel engine's ranks are separate targets end to end: while a
+// request is in flight on one rank the next goes to the other (the router pins
+// it with X-Data-Parallel-Rank and the engine serves it there), each rank's load
+// is booked on its own, and a follow-up sharing a prompt's prefix goes to the
+// rank that holds it.
+func TestDataParallelRanksAreSeparateTargets(t *testing.T) {
+	f := startFleet(t, 1, func(_ int, c *fakeengine.Config) { c.DataParallelSize = 2 })
+	rt := startRouter(t, testConfig(t, f))
+	rankOf := func(h http.Header) string { return h.Get(HeaderDPRank) }
+	send := func(prompt string) http.Header {
+		resp, err := http.Post(rt.url+"/v1/completions", "application/json", strings.NewReader(completionBody(prompt, 2)))
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("status %d", resp.StatusCode)
+		}
+		return resp.Header
+	}
+
+	// A hangs on the engine; B is decided while A is reserved.
+	if err := f.engines["w0"].SetFaults(fakeengine.Faults{FailStatus: 500, HangBeforeFirstToken: 3 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := words("rank-a", 60), words("rank-b", 60)
+	headers := make(chan http.Header, 2)
+	go func() { headers <- send(a) }()
+	waitFor(t, 10*time.Second, "A to be reserved", func() bool { return len(rt.ledger.Loads()) == 1 })
+	go func() { headers <- send(b) }()
+	waitFor(t, 10*time.Second, "A and B to be reserved", func() bool {
+		l := rt.ledger.Loads()
+		return l[Target{Worker: "w0", Rank: 0}].InFlight == 1 && l[Target{Worker: "w0", Rank: 1}].InFlight == 1
+	})
+	h1, h2 := <-headers, <-headers
+	if ranks := []string{rankOf(h1), rankOf(h2)}; !(ranks[0] == "0" && ranks[1] == "1" || ranks[0] == "1" && ranks[1] == "0") {
+		t.Fatalf("the engine served A and B on ranks %q, want one on each", ranks)
+	}
+	rt.assertNoLoad(t, f.ids)
+
+	// Follow-ups find their prefix's rank (the router's own recent decisions).
+	if err := f.engines["w0"].SetFaults(fakeengine.Faults{FailStatus: 500}); err != nil {
+		t.Fatal(err)
+	}
+	first := rankOf(send(a + " first"))
+	for i := range 6 { // a router blind to ranks would pass 6 coin flips once in 64
+		if got := rankOf(send(fmt.Sprintf("%s follow-up %d", a, i))); got != first {
+			t.Fatalf("follow-up %d of A went to rank %q, A to rank %q", i, got, first)
+		}
+	}
+	rt.assertNoLoad(t, f.ids)
 }

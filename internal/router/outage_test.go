@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -79,6 +80,52 @@ func TestIndexerOutageFallsBackAndRecovers(t *testing.T) {
 			if n := testutil.ToFloat64(rt.metrics.requests.WithLabelValues(PolicyKVAware, result, w)); n != 0 {
 				t.Errorf("requests{result=%s,worker=%q} = %v, want 0", result, w, n)
 			}
+		}
+	}
+	rt.assertNoLoad(t, f.ids)
+}
+
+// --indexer is a cluster's member list, followed as the Go client does: a dead
+// first member does not keep the router off the index.
+func TestIndexerListSkipsADeadMember(t *testing.T) {
+	f := startFleet(t, 3, nil)
+	ix := startIndexer(t, f)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close()
+	cfg := testConfig(t, f)
+	cfg.Indexer = []string{dead, ix.addr}
+	cfg.IndexerTimeout = time.Second // -race on busy cores
+	cfg.IndexerRetryAfter = 100 * time.Millisecond
+	cfg.PredictedTTL = time.Millisecond // only the index (or the approximate index) may speak
+	rt := startRouter(t, cfg)
+	fromIndex := func() float64 {
+		return testutil.ToFloat64(rt.metrics.decisions.WithLabelValues(PolicyKVAware, string(SourceIndex)))
+	}
+	ask := func(prompt string) string {
+		return rt.servedBy(t, f.ids, func() {
+			if code, _, raw := post(t, rt.url, "/v1/completions", completionBody(prompt, 2)); code != http.StatusOK {
+				t.Fatalf("%d %s", code, raw)
+			}
+		})
+	}
+	conv := words("members", 200)
+	home := ask(conv + " turn 0")
+	ix.caughtUp(t, f)
+	for i := 1; ; i++ {
+		before := fromIndex()
+		got := ask(fmt.Sprintf("%s turn %d", conv, i))
+		if fromIndex() > before {
+			if got != home {
+				t.Fatalf("turn %d, decided from the index, went to %s; the prefix is on %s", i, got, home)
+			}
+			break
+		}
+		if i == 50 {
+			t.Fatal("50 requests and no decision came from the live member of the list")
 		}
 	}
 	rt.assertNoLoad(t, f.ids)
