@@ -18,10 +18,18 @@ import (
 )
 
 // engineHoldsChain reports whether the engine caches blocks whose local keys,
-// parent to child from the root, are keys (what GET /debug/kv-blocks shows).
+// parent to child from the root, are keys, as its GET /debug/kv-blocks shows.
 func engineHoldsChain(t *testing.T, e *fakeengine.Engine, keys []uint64) bool {
 	t.Helper()
-	truth := e.CacheTruth()
+	resp, err := http.Get(e.URL() + "/debug/kv-blocks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var truth fakeengine.Truth
+	if err := json.NewDecoder(resp.Body).Decode(&truth); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /debug/kv-blocks: %d %v", resp.StatusCode, err)
+	}
 	type child struct {
 		parent uint64
 		root   bool
