@@ -100,6 +100,9 @@ type RouteRequest struct {
 	// allow, when set, limits the workers the request may go to (the EPP's
 	// subset hint).
 	allow func(*Worker) bool
+	// dryRun: the pick is only shown (POST /debug/route); a policy with state
+	// must leave it as it is, so that the dry run changes no later decision.
+	dryRun bool
 }
 
 // SetPool names the pool a pick draws from and lists all its targets, eligible or

@@ -21,7 +21,11 @@ func (p *roundRobin) Pick(req *RouteRequest, cands []Candidate) int {
 	if !ok {
 		c, _ = p.next.LoadOrStore(pool, new(atomic.Uint64))
 	}
-	return int((c.(*atomic.Uint64).Add(1) - 1) % uint64(len(cands)))
+	n := c.(*atomic.Uint64)
+	if req != nil && req.dryRun { // show the next pick without taking it
+		return int(n.Load() % uint64(len(cands)))
+	}
+	return int((n.Add(1) - 1) % uint64(len(cands)))
 }
 
 // random picks uniformly.

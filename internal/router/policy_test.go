@@ -341,6 +341,45 @@ func TestRoundRobinIsEvenPerModelEndToEnd(t *testing.T) {
 	}
 }
 
+// A dry run (POST /debug/route) shows the pick the next request would get and
+// takes nothing: no load, no request upstream, and round-robin's turn stays with
+// the next real request.
+func TestDryRunShowsTheNextPickWithoutTakingIt(t *testing.T) {
+	f := startFleet(t, 2, nil)
+	cfg := testConfig(t, f)
+	cfg.Policy = PolicyRoundRobin
+	up := countUpstream(t, &cfg)
+	rt := startRouter(t, cfg)
+	served := make([]string, 0, 4)
+	for i := range 4 {
+		body := completionBody(fmt.Sprintf("dry %d", i), 2)
+		var shown []string
+		for range 3 {
+			shown = append(shown, dryRun(t, rt.url, body).Worker)
+		}
+		if n := len(rt.ledger.Loads()); n != 0 {
+			t.Fatalf("dry runs hold load on %d targets", n)
+		}
+		w := rt.servedBy(t, f.ids, func() {
+			if code, _, raw := post(t, rt.url, "/v1/completions", body); code != http.StatusOK {
+				t.Fatalf("%d %s", code, raw)
+			}
+		})
+		for _, s := range shown {
+			if s != w {
+				t.Fatalf("request %d: dry runs showed %v, the request then went to %s", i, shown, w)
+			}
+		}
+		served = append(served, w)
+	}
+	if served[0] == served[1] || served[0] != served[2] || served[1] != served[3] {
+		t.Errorf("with dry runs between them, 4 requests went %v: round-robin lost its turn", served)
+	}
+	if c := counts(up); c["w0"] != 2 || c["w1"] != 2 {
+		t.Errorf("engines received %v, want the 4 real requests, 2 each", c)
+	}
+}
+
 func TestRoundRobinAlternatesPrefillWorkers(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Policy = PolicyRoundRobin

@@ -166,6 +166,7 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 	if agg != nil && len(agg.workers) == 0 {
 		return nil, fmt.Errorf("%w: no worker serves the model `%s`", ErrUnknownModel, route.Model)
 	}
+	route.dryRun = dryRun
 	d := &Decision{Policy: r.policy.Name()}
 	if route.DirectWorker != "" {
 		return r.decideDirect(p, d, dryRun, agg, prePool, decPool)
