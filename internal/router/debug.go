@@ -2,9 +2,6 @@ package router
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -95,13 +92,8 @@ func (l decisionLog) LogValue() slog.Value {
 // candidate's cost terms, without sending it or holding any load. The body is a
 // /v1/chat/completions or /v1/completions body: "messages" selects chat.
 func (r *Router) handleDebugRoute(w http.ResponseWriter, req *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, r.cfg.MaxBodyBytes))
+	body, err := r.readBody(w, req)
 	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			err = fmt.Errorf("%w: more than --max-body-bytes=%d", ErrTooLarge, r.cfg.MaxBodyBytes)
-		} else {
-			err = fmt.Errorf("%w: reading the body: %v", ErrBadRequest, err)
-		}
 		writeError(w, err)
 		return
 	}

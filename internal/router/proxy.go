@@ -31,13 +31,8 @@ const (
 func (r *Router) handleGenerate(ep endpoint) http.HandlerFunc {
 	return func(w http.ResponseWriter, req *http.Request) {
 		arrival := r.now()
-		body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, r.cfg.MaxBodyBytes))
+		body, err := r.readBody(w, req)
 		if err != nil {
-			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-				err = fmt.Errorf("%w: more than --max-body-bytes=%d", ErrTooLarge, r.cfg.MaxBodyBytes)
-			} else {
-				err = fmt.Errorf("%w: reading the body: %v", ErrBadRequest, err)
-			}
 			r.fail(w, err, resultClientError)
 			return
 		}
@@ -48,6 +43,18 @@ func (r *Router) handleGenerate(ep endpoint) http.HandlerFunc {
 		}
 		r.serve(req.Context(), w, p, arrival)
 	}
+}
+
+// readBody reads a request body of at most --max-body-bytes.
+func (r *Router) readBody(w http.ResponseWriter, req *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, r.cfg.MaxBodyBytes))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return nil, fmt.Errorf("%w: more than --max-body-bytes=%d", ErrTooLarge, r.cfg.MaxBodyBytes)
+		}
+		return nil, fmt.Errorf("%w: reading the body: %v", ErrBadRequest, err)
+	}
+	return body, nil
 }
 
 // fail answers err and counts the request.
