@@ -23,6 +23,10 @@ type candidateJSON struct {
 	Decode       int       `json:"active_decode_blocks"`
 	SessionBound bool      `json:"session_bound,omitempty"`
 	Terms        CostTerms `json:"terms"`
+	// The engine's own gauges (--scrape-engine-metrics); absent when not scraped.
+	EngineWaiting int     `json:"engine_waiting,omitempty"`
+	EngineRunning int     `json:"engine_running,omitempty"`
+	EngineKVUsage float64 `json:"engine_kv_usage,omitempty"`
 }
 
 // decisionJSON is a decision as /debug/route answers it and the debug log prints
@@ -56,7 +60,8 @@ func candidatesJSON(cs []Candidate) []candidateJSON {
 		out[i] = candidateJSON{Worker: c.Worker.ID, DPRank: c.Rank, Role: c.Worker.Role.String(), Cost: c.Cost,
 			Overlap: c.Overlap.Blocks(), OverlapGPU: c.Overlap.GPU, OverlapCPU: c.Overlap.CPU, OverlapDisk: c.Overlap.Disk,
 			Source: c.Overlap.Source, InFlight: c.inFlight(), Prefill: c.Load.PrefillTokens, Decode: c.Load.DecodeBlocks,
-			SessionBound: c.SessionBound, Terms: c.Terms}
+			SessionBound: c.SessionBound, Terms: c.Terms,
+			EngineWaiting: c.Engine.Waiting, EngineRunning: c.Engine.Running, EngineKVUsage: c.Engine.KVUsage}
 	}
 	return out
 }

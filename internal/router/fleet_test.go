@@ -193,8 +193,14 @@ func TestEngineMetricsAreScraped(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "the scrape to see w0's requests", func() bool {
 		l := rt.engineLoad(Target{Worker: "w0"})
-		return l.Running+l.Waiting >= 3
+		return l.Running+l.Waiting >= 3 && l.KVUsage > 0
 	})
+	// /debug/route shows what the engines report.
+	for _, c := range dryRun(t, rt.url, completionBody("scraped", 1)).Candidates {
+		if c.Worker == "w0" && (c.EngineRunning+c.EngineWaiting < 3 || c.EngineKVUsage <= 0 || c.InFlight < 3) {
+			t.Errorf("w0 as /debug/route shows it: %+v; its engine runs 3 requests", c)
+		}
+	}
 	for range 3 {
 		if got := rt.servedBy(t, f.ids, func() { post(t, rt.url, "/v1/completions", completionBody("scraped", 1)) }); got != "w1" {
 			t.Fatalf("least-loaded sent a request to %s, whose engine reports 3 requests running", got)
