@@ -145,24 +145,64 @@ func TestLoRAAdaptersFromTheEnginesModels(t *testing.T) {
 	}
 }
 
-// Other /v1/* POSTs go to a worker of the request's model.
+// Other /v1/* POSTs go to a worker of the request's model, chosen by load: with
+// a request in flight on one of the model's two workers, they go to the other.
 func TestOtherOpenAIPostsAreForwarded(t *testing.T) {
-	f := startFleet(t, 1, nil)
+	const modelB = "test/model-b"
+	f := startFleet(t, 3, func(i int, c *fakeengine.Config) {
+		if i == 2 {
+			c.Model = modelB
+		}
+	})
 	rt := startRouter(t, testConfig(t, f))
-	// The fake engine serves /tokenize only at the root; /v1/tokenize is unknown
-	// there, which proves the path and body reached it (its 404, relayed).
-	resp, err := http.Post(rt.url+"/v1/embeddings", "application/json", strings.NewReader(`{"model":"`+testModel+`","input":"x"}`))
-	if err != nil {
-		t.Fatal(err)
+	embed := func(model string) string {
+		t.Helper()
+		// The fake engine serves no /v1/embeddings: its own 404 relayed proves
+		// the path and body reached it.
+		resp, err := http.Post(rt.url+"/v1/embeddings", "application/json", strings.NewReader(`{"model":"`+model+`","input":"x"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound && resp.StatusCode != http.StatusMethodNotAllowed {
+			t.Fatalf("/v1/embeddings: %d %s, want the engine's own 404/405 relayed", resp.StatusCode, body)
+		}
+		return resp.Header.Get(HeaderServedBy)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNotFound && resp.StatusCode != http.StatusMethodNotAllowed {
-		t.Fatalf("/v1/embeddings: %d %s, want the engine's own 404/405 relayed", resp.StatusCode, body)
+	for range 3 {
+		if got := embed(modelB); got != "w2" {
+			t.Fatalf("/v1/embeddings for %s went to %q, its only worker is w2", modelB, got)
+		}
 	}
-	if got := resp.Header.Get(HeaderServedBy); got != "w0" {
-		t.Errorf("%s = %q, want w0", HeaderServedBy, got)
+
+	// A completion hangs on one of test/model's workers; embeddings go to the other.
+	for _, id := range []string{"w0", "w1"} {
+		if err := f.engines[id].SetFaults(fakeengine.Faults{FailStatus: 500, HangBeforeFirstToken: 3 * time.Second}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		post(t, rt.url, "/v1/completions", completionBody(words("busy", 40), 2))
+	}()
+	busy := ""
+	waitFor(t, 10*time.Second, "the completion to be in flight", func() bool {
+		for _, id := range []string{"w0", "w1"} {
+			if rt.ledger.Load(Target{Worker: id}).InFlight == 1 {
+				busy = id
+			}
+		}
+		return busy != ""
+	})
+	for range 6 { // a load-blind pick would pass 6 times in a row once in 64
+		if got := embed(testModel); got == busy || got == "w2" {
+			t.Fatalf("/v1/embeddings for %s went to %q while %s had a request in flight", testModel, got, busy)
+		}
+	}
+	<-done
+	rt.assertNoLoad(t, f.ids)
 }
 
 // With --scrape-engine-metrics the engines' own queue lengths count as load.
