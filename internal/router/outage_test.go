@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -127,6 +128,47 @@ func TestIndexerListSkipsADeadMember(t *testing.T) {
 		if i == 50 {
 			t.Fatal("50 requests and no decision came from the live member of the list")
 		}
+	}
+	rt.assertNoLoad(t, f.ids)
+}
+
+// A slow indexer costs one request its deadline, not every request: a query
+// that misses --indexer-timeout marks the indexer down for
+// --indexer-retry-after, and meanwhile requests are routed on the router's own
+// decisions without asking it. No request fails.
+func TestSlowIndexerCostsOneQuery(t *testing.T) {
+	f := startFleet(t, 3, nil)
+	ix := startIndexer(t, f)
+	cfg := testConfig(t, f)
+	cfg.Indexer = []string{ix.addr}
+	cfg.IndexerTimeout = time.Microsecond // no answer is ever in time
+	cfg.IndexerRetryAfter = time.Hour
+	rt := startRouter(t, cfg)
+	conv := words("slow", 200)
+	var home string
+	for i := range 5 {
+		got := rt.servedBy(t, f.ids, func() {
+			if code, _, raw := post(t, rt.url, "/v1/completions", completionBody(fmt.Sprintf("%s turn %d", conv, i), 2)); code != http.StatusOK {
+				t.Fatalf("turn %d: %d %s", i, code, raw)
+			}
+		})
+		if i == 0 {
+			home = got
+		} else if got != home {
+			t.Errorf("turn %d went to %s, turn 0 to %s: the router's own decisions should keep it there", i, got, home)
+		}
+	}
+	if n := histogramCount(t, rt.metrics.indexerLatency.WithLabelValues("error").(prometheus.Histogram)); n != 1 {
+		t.Errorf("%d indexer queries failed, want 1 (then the indexer is not asked for --indexer-retry-after)", n)
+	}
+	if n := histogramCount(t, rt.metrics.indexerLatency.WithLabelValues("ok").(prometheus.Histogram)); n != 0 {
+		t.Errorf("%d indexer queries answered within 1µs", n)
+	}
+	if testutil.ToFloat64(rt.metrics.indexerUp) != 0 {
+		t.Error("kvindex_router_indexer_up is 1 after a query missed its deadline")
+	}
+	if n := testutil.ToFloat64(rt.metrics.decisions.WithLabelValues(PolicyKVAware, string(SourceIndex))); n != 0 {
+		t.Errorf("%v decisions from the index", n)
 	}
 	rt.assertNoLoad(t, f.ids)
 }
