@@ -254,33 +254,54 @@ func startHanging(t *testing.T, rt *testRouter, wg *sync.WaitGroup, codes chan<-
 	})
 }
 
+// A request for a worker that is full (--max-pending) or busy (a busy threshold)
+// waits in the queue and is served when the first one lets go, instead of being
+// refused or sent anyway.
 func TestAdmissionEndToEndASecondRequestWaitsForTheFullWorker(t *testing.T) {
-	rt, f, up := oneSlowWorker(t, time.Second, func(*Config) {})
-	var wg sync.WaitGroup
-	codes := make(chan int, 2)
-	startHanging(t, rt, &wg, codes)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		code, _, _ := post(t, rt.url, "/v1/completions", completionBody("the second request", 2))
-		codes <- code
-	}()
-	waitFor(t, 5*time.Second, "the second request to queue", func() bool {
-		return testutil.ToFloat64(rt.metrics.queueDepth) == 1
-	})
-	wg.Wait()
-	for range 2 {
-		if c := <-codes; c != http.StatusOK {
-			t.Fatalf("a request got %d, want both served", c)
-		}
+	for _, tc := range []struct {
+		name   string
+		adjust func(*Config)
+		reason string
+		// oneAtATime: the first request holds the limit to its end, so the engine
+		// never sees both at once (a prefill threshold frees at the first byte).
+		oneAtATime bool
+	}{
+		{"max-pending", func(*Config) {}, ExcludeFull, true},
+		{"max-active-decode-blocks", func(c *Config) { c.MaxPending, c.MaxActiveDecodeBlocks = 0, 1 }, ExcludeBusy, true},
+		{"max-active-prefill-tokens", func(c *Config) { c.MaxPending, c.MaxActivePrefillTokens = 0, 1 }, ExcludeBusy, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt, f, up := oneSlowWorker(t, time.Second, tc.adjust)
+			var wg sync.WaitGroup
+			codes := make(chan int, 2)
+			startHanging(t, rt, &wg, codes)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				code, _, _ := post(t, rt.url, "/v1/completions", completionBody("the second request", 2))
+				codes <- code
+			}()
+			waitFor(t, 5*time.Second, "the second request to queue", func() bool {
+				return testutil.ToFloat64(rt.metrics.queueDepth) == 1
+			})
+			wg.Wait()
+			for range 2 {
+				if c := <-codes; c != http.StatusOK {
+					t.Fatalf("a request got %d, want both served", c)
+				}
+			}
+			if got := testutil.ToFloat64(rt.metrics.excluded.WithLabelValues(tc.reason)); got < 1 {
+				t.Errorf("excluded{reason=%s} = %v, want the waiting request's exclusions counted", tc.reason, got)
+			}
+			if n, m := up["w0"].count(), up["w0"].maxIn.Load(); n != 2 || tc.oneAtATime && m != 1 {
+				t.Fatalf("the engine got %d requests with at most %d at once, want 2 and 1", n, m)
+			}
+			if q := testutil.ToFloat64(rt.metrics.queueDepth); q != 0 {
+				t.Fatalf("queue depth %v after both finished, want 0", q)
+			}
+			rt.assertNoLoad(t, f.ids)
+		})
 	}
-	if n, m := up["w0"].count(), up["w0"].maxIn.Load(); n != 2 || m != 1 {
-		t.Fatalf("the engine got %d requests with at most %d at once, want 2 and 1 (--max-pending 1)", n, m)
-	}
-	if q := testutil.ToFloat64(rt.metrics.queueDepth); q != 0 {
-		t.Fatalf("queue depth %v after both finished, want 0", q)
-	}
-	rt.assertNoLoad(t, f.ids)
 }
 
 func TestAdmissionEndToEndRefusesWith429AndRetryAfter(t *testing.T) {
