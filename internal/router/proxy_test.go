@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -145,6 +146,32 @@ func TestFailover(t *testing.T) {
 			t.Errorf("w1 served %d, want both requests", got)
 		}
 		rt.assertNoLoad(t, f.ids)
+	})
+	t.Run("connect error", func(t *testing.T) {
+		f := startFleet(t, 1, nil)
+		cfg := testConfig(t, f)
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead := cfg.Workers[0]
+		dead.ID, dead.HTTP = "gone", "http://"+l.Addr().String() // nothing listens there
+		l.Close()
+		cfg.Workers = append(cfg.Workers, dead)
+		cfg.Policy = PolicyRoundRobin
+		rt := startRouter(t, cfg)
+		for i := range 2 { // one of the two starts on the dead worker
+			if code, _, raw := post(t, rt.url, "/v1/completions", completionBody(fmt.Sprintf("connect %d", i), 2)); code != http.StatusOK {
+				t.Fatalf("%d %s", code, raw)
+			}
+		}
+		if got := testutil.ToFloat64(rt.metrics.retries.WithLabelValues("connect")); got < 1 {
+			t.Errorf("connect retries = %v, want at least 1", got)
+		}
+		if got := rt.servedCount("w0"); got != 2 {
+			t.Errorf("w0 served %d, want both requests", got)
+		}
+		rt.assertNoLoad(t, append(f.ids, "gone"))
 	})
 	t.Run("mid-stream", func(t *testing.T) {
 		f := startFleet(t, 2, func(_ int, c *fakeengine.Config) { c.Faults.AbortAfterTokens = 3 })
