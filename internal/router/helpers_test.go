@@ -238,10 +238,23 @@ type completion struct {
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
-// post sends body to the router and returns the status, the worker that served
-// it (from the engine's dp-rank trailer we cannot see, so from the router's
-// ledger metrics instead: see served) and the decoded answer.
+// post sends body to the router and returns the status, the decoded answer
+// (when 200) and the raw body.
 func post(t testing.TB, url, path, body string, header ...string) (int, completion, string) {
+	t.Helper()
+	resp, raw := send(t, url, path, body, header...)
+	var c completion
+	if resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal(raw, &c); err != nil {
+			t.Fatalf("answer %q: %v", raw, err)
+		}
+	}
+	return resp.StatusCode, c, string(raw)
+}
+
+// send posts a JSON body with header's name/value pairs and returns the
+// response (its body read and closed) and the body.
+func send(t testing.TB, url, path, body string, header ...string) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
 	if err != nil {
@@ -260,13 +273,7 @@ func post(t testing.TB, url, path, body string, header ...string) (int, completi
 	if err != nil {
 		t.Fatal(err)
 	}
-	var c completion
-	if resp.StatusCode == http.StatusOK {
-		if err := json.Unmarshal(raw, &c); err != nil {
-			t.Fatalf("answer %q: %v", raw, err)
-		}
-	}
-	return resp.StatusCode, c, string(raw)
+	return resp, raw
 }
 
 // sseEvents reads an SSE body into its data payloads.

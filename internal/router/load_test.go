@@ -194,7 +194,7 @@ func TestDataParallelRanksAreSeparateTargets(t *testing.T) {
 	f := startFleet(t, 1, func(_ int, c *fakeengine.Config) { c.DataParallelSize = 2 })
 	rt := startRouter(t, testConfig(t, f))
 	rankOf := func(h http.Header) string { return h.Get(HeaderDPRank) }
-	send := func(prompt string) http.Header {
+	ask := func(prompt string) http.Header { // t.Error, not t.Fatal: also called aside
 		resp, err := http.Post(rt.url+"/v1/completions", "application/json", strings.NewReader(completionBody(prompt, 2)))
 		if err != nil {
 			t.Error(err)
@@ -214,9 +214,9 @@ func TestDataParallelRanksAreSeparateTargets(t *testing.T) {
 	}
 	a, b := words("rank-a", 60), words("rank-b", 60)
 	headers := make(chan http.Header, 2)
-	go func() { headers <- send(a) }()
+	go func() { headers <- ask(a) }()
 	waitFor(t, 10*time.Second, "A to be reserved", func() bool { return len(rt.ledger.Loads()) == 1 })
-	go func() { headers <- send(b) }()
+	go func() { headers <- ask(b) }()
 	waitFor(t, 10*time.Second, "A and B to be reserved", func() bool {
 		l := rt.ledger.Loads()
 		return l[Target{Worker: "w0", Rank: 0}].InFlight == 1 && l[Target{Worker: "w0", Rank: 1}].InFlight == 1
@@ -231,9 +231,9 @@ func TestDataParallelRanksAreSeparateTargets(t *testing.T) {
 	if err := f.engines["w0"].SetFaults(fakeengine.Faults{FailStatus: 500}); err != nil {
 		t.Fatal(err)
 	}
-	first := rankOf(send(a + " first"))
+	first := rankOf(ask(a + " first"))
 	for i := range 6 { // a router blind to ranks would pass 6 coin flips once in 64
-		if got := rankOf(send(fmt.Sprintf("%s follow-up %d", a, i))); got != first {
+		if got := rankOf(ask(fmt.Sprintf("%s follow-up %d", a, i))); got != first {
 			t.Fatalf("follow-up %d of A went to rank %q, A to rank %q", i, got, first)
 		}
 	}

@@ -169,12 +169,7 @@ func TestDecisionIsLoggedAndMeasured(t *testing.T) {
 		t.Fatalf("/healthz: %d %q", resp.StatusCode, body)
 	}
 
-	resp, err = http.Post(rt.url+"/v1/completions", "application/json", strings.NewReader(completionBody(words("explain", 40), 2)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	resp, _ = send(t, rt.url, "/v1/completions", completionBody(words("explain", 40), 2))
 	served := resp.Header.Get(HeaderServedBy)
 	if resp.StatusCode != http.StatusOK || served == "" {
 		t.Fatalf("status %d, served by %q", resp.StatusCode, served)

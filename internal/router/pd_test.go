@@ -205,24 +205,13 @@ func (r *testRouter) recentDecision(t *testing.T, seq uint64) decisionJSON {
 	return e.json().decisionJSON
 }
 
-// postHeader is post that also returns the answer's headers.
+// postHeader is post that also returns the answer's headers; it must be a 200.
 func postHeader(t *testing.T, url, body string, header ...string) (completion, http.Header) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	resp, raw := send(t, url, "/v1/completions", body, header...)
 	var c completion
-	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d: %v", resp.StatusCode, err)
+	if err := json.Unmarshal(raw, &c); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d %s: %v", resp.StatusCode, raw, err)
 	}
 	return c, resp.Header
 }
