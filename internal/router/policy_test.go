@@ -398,10 +398,11 @@ func TestRoundRobinAlternatesPrefillWorkers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, err := r.decide(context.Background(), p, map[string]bool{}, true)
+		d, err := r.decide(context.Background(), p, map[string]bool{}, false) // a dry run would not take a turn
 		if err != nil {
 			t.Fatal(err)
 		}
+		d.release()
 		if d.Prefill == nil {
 			t.Fatalf("decision %d is not disaggregated", i)
 		}
