@@ -348,6 +348,7 @@ func TestDryRunShowsTheNextPickWithoutTakingIt(t *testing.T) {
 	f := startFleet(t, 2, nil)
 	cfg := testConfig(t, f)
 	cfg.Policy = PolicyRoundRobin
+	cfg.MaxActiveDecodeBlocks = 1 // any request in flight makes its worker busy
 	up := countUpstream(t, &cfg)
 	rt := startRouter(t, cfg)
 	served := make([]string, 0, 4)
@@ -378,6 +379,31 @@ func TestDryRunShowsTheNextPickWithoutTakingIt(t *testing.T) {
 	if c := counts(up); c["w0"] != 2 || c["w1"] != 2 {
 		t.Errorf("engines received %v, want the 4 real requests, 2 each", c)
 	}
+
+	// With a worker over --max-active-decode-blocks the dry run shows it
+	// excluded, and counts nothing: kvindex_router_excluded_total is the real
+	// decisions'.
+	for _, id := range f.ids {
+		if err := f.engines[id].SetFaults(fakeengine.Faults{FailStatus: 500, HangBeforeFirstToken: 3 * time.Second}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		post(t, rt.url, "/v1/completions", completionBody("busy", 2))
+	}()
+	waitFor(t, 10*time.Second, "a request in flight", func() bool { return len(rt.ledger.Loads()) == 1 })
+	busyBefore := testutil.ToFloat64(rt.metrics.excluded.WithLabelValues(ExcludeBusy))
+	d := dryRun(t, rt.url, completionBody("dry while busy", 2))
+	if len(d.Excluded) != 1 || d.Excluded[0].Reason != ExcludeBusy || d.Excluded[0].Target.Worker == d.Worker {
+		t.Errorf("dry run with one worker busy: worker %s, excluded %+v", d.Worker, d.Excluded)
+	}
+	if got := testutil.ToFloat64(rt.metrics.excluded.WithLabelValues(ExcludeBusy)); got != busyBefore {
+		t.Errorf("excluded{reason=busy} went %v -> %v on a dry run", busyBefore, got)
+	}
+	<-done
+	rt.assertNoLoad(t, f.ids)
 }
 
 func TestRoundRobinAlternatesPrefillWorkers(t *testing.T) {

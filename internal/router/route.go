@@ -118,7 +118,7 @@ func (r *Router) pools(route *RouteRequest) (agg, prefill, decode *pool) {
 // recorded with their reason. If only the breaker excluded anyone and nobody is
 // left, the breaker-excluded ones come back (a probably-bad worker beats none). If
 // busy thresholds left nobody, errBusy.
-func (r *Router) candidates(p *pool, tried map[string]bool, excluded *[]Exclusion) ([]Candidate, error) {
+func (r *Router) candidates(route *RouteRequest, p *pool, tried map[string]bool, excluded *[]Exclusion) ([]Candidate, error) {
 	var broken []Candidate
 	cands := make([]Candidate, 0, len(p.workers)) // one rank each, most often
 	busy := false
@@ -138,8 +138,7 @@ func (r *Router) candidates(p *pool, tried map[string]bool, excluded *[]Exclusio
 				busy = busy || reason != ""
 			}
 			if reason != "" {
-				*excluded = append(*excluded, Exclusion{Target: t, Reason: reason})
-				r.metrics.excluded.WithLabelValues(reason).Inc()
+				r.exclude(route, excluded, t, reason)
 				continue
 			}
 			cands = append(cands, c)
@@ -175,13 +174,13 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 	if decPool != nil {
 		serve = decPool
 	}
-	cands, err := r.candidates(serve, tried, &d.Excluded)
+	cands, err := r.candidates(route, serve, tried, &d.Excluded)
 	if err != nil {
 		return nil, err
 	}
 	var pre []Candidate
 	if prePool != nil {
-		if pre, err = r.candidates(prePool, tried, &d.Excluded); err != nil && !errors.Is(err, ErrNoWorkers) {
+		if pre, err = r.candidates(route, prePool, tried, &d.Excluded); err != nil && !errors.Is(err, ErrNoWorkers) {
 			return nil, err
 		}
 	}
@@ -241,6 +240,15 @@ func (r *Router) beginProbes(d *Decision) {
 	}
 }
 
+// exclude records that t was filtered out for reason, and counts it unless the
+// decision is a dry run (which shows its exclusions but changes no metric).
+func (r *Router) exclude(route *RouteRequest, excluded *[]Exclusion, t Target, reason string) {
+	*excluded = append(*excluded, Exclusion{Target: t, Reason: reason})
+	if !route.dryRun {
+		r.metrics.excluded.WithLabelValues(reason).Inc()
+	}
+}
+
 // busyReason says why a target with this load takes no more requests now
 // (--max-pending, busy thresholds), or "".
 func (r *Router) busyReason(l Load) string {
@@ -270,14 +278,12 @@ func (r *Router) refreshLoads(route *RouteRequest, cands []Candidate, excluded *
 	for i, c := range cands {
 		t := c.Target()
 		if anyAllowed && !allowed[i] {
-			*excluded = append(*excluded, Exclusion{Target: t, Reason: ExcludeBreaker})
-			r.metrics.excluded.WithLabelValues(ExcludeBreaker).Inc()
+			r.exclude(route, excluded, t, ExcludeBreaker)
 			continue
 		}
 		c.Load = r.loadOf(t)
 		if reason := r.busyReason(c.Load); reason != "" {
-			*excluded = append(*excluded, Exclusion{Target: t, Reason: reason})
-			r.metrics.excluded.WithLabelValues(reason).Inc()
+			r.exclude(route, excluded, t, reason)
 			continue
 		}
 		c.SharedActive, c.SharedPrefill = r.ledger.Shared(t, route.Keys)
@@ -427,7 +433,7 @@ func (r *Router) pickPrefill(ctx context.Context, p *prepared, tried map[string]
 		return Target{}, nil, false, ErrNoWorkers
 	}
 	var excluded []Exclusion
-	cands, err := r.candidates(prePool, tried, &excluded)
+	cands, err := r.candidates(&p.route, prePool, tried, &excluded)
 	if err != nil {
 		return Target{}, nil, false, err
 	}
