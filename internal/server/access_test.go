@@ -17,6 +17,10 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 )
 
+// wantProbe are the only routes --probe-addr may serve: plain HTTP, without
+// TLS or a token, beyond loopback.
+var wantProbe = map[string]bool{"GET /healthz": true, "GET /readyz": true, "GET /metrics": true}
+
 // wantAccess is the credential each served gRPC method and REST route must
 // require. A method or route that is served but not listed here fails the
 // test: whoever adds one decides here, knowingly, that it may be public.
@@ -67,9 +71,13 @@ var wantAccess = map[string]access{
 // TestEveryEndpointHasItsAccessPolicy walks the services the gRPC server
 // actually registered and the REST routes the handler actually serves, and
 // calls each one without a token: an admin one must answer UNAUTHENTICATED /
-// 401 before doing anything, a public one must not.
+// 401 before doing anything, a public one must not. The probe listener
+// (--probe-addr) serves wantProbe and nothing else: every other route of the
+// HTTP listener is a 404 there.
 func TestEveryEndpointHasItsAccessPolicy(t *testing.T) {
-	f := newFixture(t, fixtureOptions{engines: defaultEngines[:1], configure: func(c *Config) { c.AdminToken = adminToken }})
+	f := newFixture(t, fixtureOptions{engines: defaultEngines[:1], configure: func(c *Config) {
+		c.AdminToken, c.ProbeAddr = adminToken, "127.0.0.1:0"
+	}})
 	if methodAccess("/kvindex.v1.AdminService/SomethingNew") != accessAdmin {
 		t.Error("a method nobody classified is not admin-only")
 	}
@@ -118,6 +126,29 @@ func TestEveryEndpointHasItsAccessPolicy(t *testing.T) {
 	if served != len(wantAccess) {
 		t.Errorf("%d endpoints served, %d in wantAccess: remove the ones that no longer exist", served, len(wantAccess))
 	}
+
+	probed := 0
+	for _, rt := range f.srv.api.probeRoutes() {
+		probed++
+		if !wantProbe[rt.pattern] || rt.access != accessPublic {
+			t.Errorf("the probe listener serves %s (%v); it may serve only public health and metrics routes %v", rt.pattern, rt.access, wantProbe)
+		}
+	}
+	if probed != len(wantProbe) {
+		t.Errorf("the probe listener serves %d routes, want the %d of wantProbe", probed, len(wantProbe))
+	}
+	probe := "http://" + f.srv.ProbeAddr()
+	for _, rt := range f.srv.api.routes() {
+		method, path, _ := strings.Cut(rt.pattern, " ")
+		req, err := http.NewRequest(method, probe+path, strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, body := f.do(req)
+		if want := map[bool]int{true: http.StatusOK, false: http.StatusNotFound}[wantProbe[rt.pattern]]; code != want {
+			t.Errorf("probe listener %s = %d %.200s, want %d", rt.pattern, code, body, want)
+		}
+	}
 }
 
 // callWithoutToken calls a gRPC method with an empty request and returns the
@@ -143,13 +174,14 @@ func callWithoutToken(t *testing.T, cc *grpc.ClientConn, method string, stream b
 
 // TestListenersBeyondLoopbackWithoutTLSAreWarnedAbout: a node whose raft,
 // gRPC or HTTP listener is not loopback and has no TLS logs a loud warning
-// naming that listener at start; its loopback listeners are not named.
+// naming that listener at start; its loopback listeners are not named, nor is
+// a --probe-addr beyond loopback (plain HTTP by design, health and metrics only).
 func TestListenersBeyondLoopbackWithoutTLSAreWarnedAbout(t *testing.T) {
 	flags := []string{"--raft-addr", "--grpc-addr", "--http-addr"}
 	for _, exposed := range flags {
 		t.Run(exposed, func(t *testing.T) {
 			cfg := testConfig(t)
-			cfg.AdminToken = adminToken
+			cfg.AdminToken, cfg.ProbeAddr = adminToken, "0.0.0.0:0"
 			switch exposed {
 			case "--raft-addr":
 				cfg.Raft.RaftAddr, cfg.Raft.RaftAdvertise = "0.0.0.0:0", "127.0.0.1:7000"
@@ -172,7 +204,7 @@ func TestListenersBeyondLoopbackWithoutTLSAreWarnedAbout(t *testing.T) {
 			if !strings.Contains(out, "level=WARN msg=\"INSECURE") || !strings.Contains(out, "flag="+exposed) {
 				t.Errorf("no INSECURE warning naming %s in:\n%s", exposed, out)
 			}
-			for _, quiet := range flags {
+			for _, quiet := range append(flags, "--probe-addr") {
 				if quiet != exposed && strings.Contains(out, "flag="+quiet) {
 					t.Errorf("a loopback listener is warned about (%s):\n%s", quiet, out)
 				}

@@ -45,6 +45,11 @@ type Config struct {
 	// which must then name a specific host.
 	GRPCAdvertise string
 	HTTPAddr      string
+	// ProbeAddr (--probe-addr), when set, is a second, plain-HTTP listener
+	// serving only GET /healthz, /readyz and /metrics (probe.go): for
+	// kubelet probes and Prometheus, which present no client certificate
+	// when TLSClientCA makes HTTPAddr require one. Empty: off.
+	ProbeAddr string
 	// Join is the gRPC address of a member of the cluster to join (--join);
 	// empty: a node without raft state starts a cluster of its own.
 	Join string
@@ -215,7 +220,7 @@ func (c *Config) Validate() error {
 		optional bool
 	}{
 		{"--grpc-addr", c.GRPCAddr, false}, {"--http-addr", c.HTTPAddr, false}, {"--raft-addr", c.Raft.RaftAddr, false},
-		{"--grpc-advertise", c.GRPCAdvertise, true}, {"--raft-advertise", c.Raft.RaftAdvertise, true}, {"--join", c.Join, true},
+		{"--grpc-advertise", c.GRPCAdvertise, true}, {"--probe-addr", c.ProbeAddr, true}, {"--raft-advertise", c.Raft.RaftAdvertise, true}, {"--join", c.Join, true},
 	} {
 		if a.v == "" && a.optional {
 			continue
@@ -341,6 +346,7 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.BoolVar(&cfg.Bootstrap, "bootstrap", cfg.Bootstrap, "start a new cluster with this node (what a node without --join and without raft state does anyway)")
 	registerRaftFlags(fs, &cfg.Raft)
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "HTTP listen `host:port`: the REST API (docs/api.md), /metrics, /healthz, /readyz (port 0 picks a free one)")
+	fs.StringVar(&cfg.ProbeAddr, "probe-addr", cfg.ProbeAddr, "plain-HTTP listen `host:port` serving only GET /healthz, /readyz and /metrics, never TLS, a client certificate or the admin token (for kubelet probes and Prometheus when --tls-client-ca makes --http-addr ask for client certificates; it serves nothing else, so it may listen beyond loopback); empty: off")
 	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest HTTP request body and gRPC message accepted, in `bytes` (larger: 413 / RESOURCE_EXHAUSTED)")
 	fs.IntVar(&cfg.MaxPromptTokens, "max-prompt-tokens", cfg.MaxPromptTokens, "most tokens a prompt (or block hashes a query) may have")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate `file`: serve gRPC and REST over TLS (with --tls-key)")

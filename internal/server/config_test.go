@@ -35,7 +35,10 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 	if _, err := ParseFlags([]string{"--help"}, &help, env(nil)); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("--help = %v", err)
 	}
-	for _, name := range []string{"node-id", "data-dir", "grpc-addr", "http-addr", "zmq-bind", "worker", "workers-file",
+	if cfg.ProbeAddr != "" {
+		t.Errorf("--probe-addr defaults to %q, want off", cfg.ProbeAddr)
+	}
+	for _, name := range []string{"node-id", "data-dir", "grpc-addr", "http-addr", "probe-addr", "zmq-bind", "worker", "workers-file",
 		"kv-event-transport", "nats-url", "nats-subject-prefix", "block-size", "max-body-bytes", "config",
 		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "insecure-no-admin-token", "raft-tls-ca", "raft-tls-cert", "raft-tls-key",
 		"http-read-timeout", "http-write-timeout", "max-discovered-workers", "discover-allow", "discover-replay-allow", "bind-replay-pattern", "ready-max-lag", "http-idle-timeout", "grpc-max-concurrent-streams", "max-watch-streams", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
@@ -108,6 +111,8 @@ func TestNonLoopbackListenersNeedATokenOrTheInsecureFlag(t *testing.T) {
 		{[]string{"--http-addr", "10.1.2.3:7080"}, false},
 		{[]string{"--grpc-addr", "0.0.0.0:7070", "--admin-token", "t"}, true},
 		{[]string{"--grpc-addr", "0.0.0.0:7070", "--insecure-no-admin-token"}, true},
+		// The probe listener serves health and metrics only: no admin call to guard.
+		{[]string{"--probe-addr", "0.0.0.0:7081"}, true},
 	} {
 		_, err := ParseFlags(append(c.args, "--raft-advertise", "10.0.0.1:7090"), &bytes.Buffer{}, env(nil))
 		if (err == nil) != c.ok {
@@ -131,6 +136,7 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		want string
 	}{
 		{[]string{"--http-addr", "nocolon"}, nil, "--http-addr=\"nocolon\""},
+		{nil, map[string]string{"KVINDEX_PROBE_ADDR": "7081"}, "--probe-addr=\"7081\""},
 		{[]string{"--kv-event-transport", "kafka"}, nil, "--kv-event-transport=\"kafka\""},
 		{[]string{"--kv-event-transport", "nats"}, nil, "needs --nats-url"},
 		{[]string{"--worker", "id=w1"}, nil, "model must not be empty"},

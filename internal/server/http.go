@@ -43,9 +43,14 @@ var (
 //	GET  /v1/stats
 //
 // Bodies are limited to MaxBodyBytes (413); errors are {"error":{"code","message"}}.
-func (a *API) Handler() http.Handler {
+func (a *API) Handler() http.Handler { return a.serve(a.routes()) }
+
+// serve is a handler of exactly routes: each behind its access check and
+// counted in the metrics; any other path is a 404, a known path with another
+// method a 405.
+func (a *API) serve(routes []route) http.Handler {
 	mux := http.NewServeMux()
-	for _, rt := range a.routes() {
+	for _, rt := range routes {
 		method := strings.TrimPrefix(rt.pattern[strings.IndexByte(rt.pattern, ' ')+1:], "/")
 		mux.HandleFunc(rt.pattern, func(w http.ResponseWriter, r *http.Request) {
 			start := time.Now()

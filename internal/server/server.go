@@ -29,8 +29,8 @@ import (
 
 // Server is one indexer: a member of a raft cluster (of one, by default) whose
 // replicated state is the index, the stream cursors and the worker registry.
-// It serves the API (gRPC on --grpc-addr, REST on --http-addr) over a
-// raftBackend; while it leads, its ingest Manager follows the engines and
+// It serves the API (gRPC on --grpc-addr, REST on --http-addr, and with
+// --probe-addr health and metrics in plain HTTP) over a raftBackend; while it leads, its ingest Manager follows the engines and
 // proposes their events to the log.
 type Server struct {
 	cfg     Config
@@ -46,11 +46,14 @@ type Server struct {
 	api       *API
 
 	httpLn, grpcLn net.Listener
-	grpcAdvertise  string
-	http           *http.Server
-	grpc           *grpc.Server
-	health         *health.Server
-	tls            *tls.Config
+	// probeLn and probe serve --probe-addr (probe.go); nil when it is off.
+	probeLn       net.Listener
+	probe         *http.Server
+	grpcAdvertise string
+	http          *http.Server
+	grpc          *grpc.Server
+	health        *health.Server
+	tls           *tls.Config
 
 	ran atomic.Bool
 }
@@ -93,6 +96,11 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	}
 	if s.grpcLn, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("--grpc-addr %s: %w", cfg.GRPCAddr, err)
+	}
+	if cfg.ProbeAddr != "" {
+		if s.probeLn, err = net.Listen("tcp", cfg.ProbeAddr); err != nil {
+			return nil, fmt.Errorf("--probe-addr %s: %w", cfg.ProbeAddr, err)
+		}
 	}
 	s.grpcAdvertise = cmp.Or(cfg.GRPCAdvertise, s.grpcLn.Addr().String())
 	s.peers = newPeers(cfg.NodeID, cfg.AdminToken, cfg.peerTLS(s.tls))
@@ -163,14 +171,10 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	}
 	invalidate := s.api.view.invalidate
 	s.backend.onRegistry.Store(&invalidate)
-	s.http = &http.Server{
-		Handler:           s.api.Handler(),
-		ReadHeaderTimeout: min(readHeaderTimeout, cfg.HTTPReadTimeout),
-		ReadTimeout:       cfg.HTTPReadTimeout,
-		WriteTimeout:      cfg.HTTPWriteTimeout,
-		IdleTimeout:       cfg.HTTPIdleTimeout,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-		TLSConfig:         s.tls,
+	s.http = s.httpServer(s.api.Handler())
+	s.http.TLSConfig = s.tls
+	if s.probeLn != nil {
+		s.probe = s.httpServer(s.api.ProbeHandler()) // plain HTTP whatever --tls-cert says
 	}
 	var creds credentials.TransportCredentials
 	if s.tls != nil {
@@ -183,9 +187,23 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	return s, nil
 }
 
+// httpServer serves handler with the --http-*-timeout limits, without TLS.
+func (s *Server) httpServer(handler http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: min(readHeaderTimeout, s.cfg.HTTPReadTimeout),
+		ReadTimeout:       s.cfg.HTTPReadTimeout,
+		WriteTimeout:      s.cfg.HTTPWriteTimeout,
+		IdleTimeout:       s.cfg.HTTPIdleTimeout,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+}
+
 // warnIfExposed logs, loudly, each listener beyond loopback that serves
 // without TLS: whoever reaches the raft port can rewrite the index, and the
-// API's admin token then crosses the network in clear.
+// API's admin token then crosses the network in clear. --probe-addr is never
+// warned about: it is plain HTTP by design and serves only health and metrics
+// (probe.go).
 func (s *Server) warnIfExposed() {
 	if s.tls != nil {
 		return
@@ -201,7 +219,7 @@ func (s *Server) warnIfExposed() {
 }
 
 func (s *Server) closeListeners() {
-	for _, ln := range []net.Listener{s.httpLn, s.grpcLn} {
+	for _, ln := range []net.Listener{s.httpLn, s.grpcLn, s.probeLn} {
 		if ln != nil {
 			ln.Close()
 		}
@@ -210,6 +228,14 @@ func (s *Server) closeListeners() {
 
 // HTTPAddr is the bound HTTP address.
 func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
+
+// ProbeAddr is the bound --probe-addr address; "" when it is off.
+func (s *Server) ProbeAddr() string {
+	if s.probeLn == nil {
+		return ""
+	}
+	return s.probeLn.Addr().String()
+}
 
 // GRPCAddr is the bound gRPC address.
 func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
@@ -299,9 +325,16 @@ func (s *Server) Run(ctx context.Context) error {
 			fail("http", err)
 		}
 	})
+	if s.probe != nil {
+		run(func() {
+			if err := s.probe.Serve(s.probeLn); !errors.Is(err, http.ErrServerClosed) {
+				fail("probe", err)
+			}
+		})
+	}
 	run(func() { fail("grpc", s.grpc.Serve(s.grpcLn)) })
 	run(func() { s.followReadiness(ctx) })
-	s.log.Info("indexer started", "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "raft", s.RaftAddr(), "data_dir", s.cfg.DataDir,
+	s.log.Info("indexer started", "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "probe", s.ProbeAddr(), "raft", s.RaftAddr(), "data_dir", s.cfg.DataDir,
 		"join", s.cfg.Join, "tls", s.tls != nil, "mtls", s.cfg.TLSClientCA != "", "admin_token", s.cfg.AdminToken != "",
 		"transport", s.cfg.Ingest.Transport, "workers", len(s.cfg.Ingest.Workers), "zmq_bind", s.cfg.Ingest.ZMQBind,
 		"kube_selector", s.cfg.Kube.Selector, "tokenizers", len(s.cfg.Tokenizers))
@@ -313,8 +346,10 @@ func (s *Server) Run(ctx context.Context) error {
 	if err := s.node.Shutdown(shutdownCtx); err != nil {
 		fail("raft shutdown", err)
 	}
-	if err := s.http.Shutdown(shutdownCtx); err != nil {
-		s.http.Close()
+	for _, hs := range []*http.Server{s.http, s.probe} {
+		if hs != nil && hs.Shutdown(shutdownCtx) != nil {
+			hs.Close()
+		}
 	}
 	stopped := make(chan struct{})
 	go func() {

@@ -116,13 +116,60 @@ func newTestPKI(t *testing.T) *testPKI {
 
 // newMutualTLSFixture serves one engine's worker with --tls-cert, --tls-key,
 // --tls-client-ca and the raft CA and certificate; its clients present the
-// client certificate.
-func newMutualTLSFixture(t *testing.T, pki *testPKI) *fixture {
+// client certificate. more adjusts the configuration further.
+func newMutualTLSFixture(t *testing.T, pki *testPKI, more ...func(*Config)) *fixture {
 	clientTLS := &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{pki.clientCert}, ServerName: "127.0.0.1"}
 	return newFixture(t, fixtureOptions{engines: defaultEngines[:1], clientTLS: clientTLS, configure: func(c *Config) {
 		c.TLSCert, c.TLSKey, c.TLSClientCA = pki.serverCert, pki.serverKy, pki.caFile
 		c.RaftTLSCA, c.RaftTLSCert, c.RaftTLSKey = pki.raftCAFile, pki.raftCert, pki.raftKey
+		for _, m := range more {
+			m(c)
+		}
 	}})
+}
+
+// TestProbeListenerUnderMutualTLS: with --tls-client-ca the HTTP listener
+// refuses a client without a certificate, as the kubelet's probes are; the
+// --probe-addr listener answers that client /healthz, /readyz and /metrics in
+// plain HTTP, and nothing else (data API, dump, admin calls, console: 404).
+func TestProbeListenerUnderMutualTLS(t *testing.T) {
+	pki := newTestPKI(t)
+	f := newMutualTLSFixture(t, pki, func(c *Config) { c.ProbeAddr = "127.0.0.1:0" })
+	f.generate("e0", 0, tokens(0, 8), "")
+
+	noCert := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pki.pool}}}
+	if _, err := noCert.Get(f.base + "/readyz"); err == nil {
+		t.Fatal("the HTTP listener answered /readyz to a client without a certificate: nothing to test")
+	}
+	plain := &http.Client{Timeout: 10 * time.Second} // the kubelet's httpGet probe: no TLS, no certificate
+	probe := "http://" + f.srv.ProbeAddr()
+	get := func(method, path string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, probe+path, strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := plain.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s on the probe listener: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	for path, want := range map[string]string{"/healthz": "ok\n", "/readyz": "ready\n", "/metrics": "kvindex_index_nodes "} {
+		if code, body := get(http.MethodGet, path); code != http.StatusOK || !strings.Contains(body, want) {
+			t.Errorf("GET %s on the probe listener = %d %.200q, want 200 with %q", path, code, body, want)
+		}
+	}
+	for _, c := range []struct{ method, path string }{
+		{"GET", "/dump"}, {"GET", "/workers"}, {"GET", "/cluster"}, {"GET", "/v1/stats"}, {"POST", "/v1/score"},
+		{"POST", "/kv-cache/hit-rate"}, {"POST", "/query"}, {"POST", "/register"}, {"POST", "/unregister"}, {"GET", "/ui"},
+	} {
+		if code, body := get(c.method, c.path); code != http.StatusNotFound {
+			t.Errorf("%s %s on the probe listener = %d %.200s, want 404", c.method, c.path, code, body)
+		}
+	}
 }
 
 // TestMutualTLS serves gRPC and REST with --tls-cert/--tls-key/--tls-client-ca:
