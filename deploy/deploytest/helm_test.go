@@ -19,6 +19,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvindex/kvindex/internal/router"
@@ -39,7 +40,7 @@ type rendered struct {
 	accounts     []*corev1.ServiceAccount
 	configMaps   []*corev1.ConfigMap
 	netpols      []*networkingv1.NetworkPolicy
-	custom       map[string]map[string]any // kind -> object (CRDs: not in k8s.io/api)
+	custom       map[string][]map[string]any // kind -> objects (CRDs: not in k8s.io/api)
 }
 
 // render renders the chart with values (YAML, merged over values.yaml) and
@@ -63,7 +64,7 @@ func render(t *testing.T, values string) (*rendered, error) {
 		return nil, err
 	}
 	r := &rendered{statefulSets: map[string]*appsv1.StatefulSet{}, deployments: map[string]*appsv1.Deployment{},
-		services: map[string]*corev1.Service{}, custom: map[string]map[string]any{}}
+		services: map[string]*corev1.Service{}, custom: map[string][]map[string]any{}}
 	names := slices.Sorted(func(yield func(string) bool) {
 		for k := range files {
 			if !yield(k) {
@@ -120,7 +121,7 @@ func render(t *testing.T, values string) (*rendered, error) {
 			case "ServiceMonitor", "InferencePool":
 				m := map[string]any{}
 				obj = &m
-				defer func() { r.custom[meta.Kind] = m }()
+				defer func() { r.custom[meta.Kind] = append(r.custom[meta.Kind], m) }()
 			default:
 				t.Fatalf("%s: kind %q has no decoding in this test", name, meta.Kind)
 			}
@@ -272,8 +273,17 @@ func checkIndexer(t *testing.T, r *rendered, replicas int, selector string) {
 	case selector == "" && (podSpec.AutomountServiceAccountToken == nil || *podSpec.AutomountServiceAccountToken):
 		t.Error("without discovery the indexer needs no Kubernetes API token: automountServiceAccountToken must be false")
 	}
-	if p := c.ReadinessProbe.HTTPGet; p == nil || p.Path != "/readyz" || p.Port.String() != "http" {
-		t.Errorf("indexer readiness probe %+v, want GET /readyz on the http port", c.ReadinessProbe)
+	// The kubelet presents no client certificate: each probe must reach a
+	// listener that answers it without one.
+	cfg := indexerConfig(t, s)
+	for _, p := range []struct {
+		what, path string
+		probe      *corev1.Probe
+	}{{"readiness", "/readyz", c.ReadinessProbe}, {"liveness", "/healthz", c.LivenessProbe}} {
+		if g := p.probe.HTTPGet; g == nil || g.Path != p.path || !servesWithoutCertificate(t, cfg, portNumber(t, c, g.Port), g.Scheme) {
+			t.Errorf("indexer %s probe %+v: want GET %s on a port that answers plain HTTP without a client certificate (--http-addr %s with TLS %v and client CA %q, --probe-addr %q)",
+				p.what, p.probe, p.path, cfg.HTTPAddr, cfg.TLSCert != "", cfg.TLSClientCA, cfg.ProbeAddr)
+		}
 	}
 	if sc := s.Spec.Template.Spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
 		t.Error("indexer must run as non-root")
@@ -283,29 +293,69 @@ func checkIndexer(t *testing.T, r *rendered, replicas int, selector string) {
 	}
 }
 
+// indexerConfig is the configuration pod 0 of the indexer StatefulSet s runs
+// with, as the indexer's own parser reads the rendered flags.
+func indexerConfig(t *testing.T, s *appsv1.StatefulSet) server.Config {
+	t.Helper()
+	cfg, err := server.ParseFlags(expand(s.Spec.Template.Spec.Containers[0].Args, map[string]string{"POD_NAME": "kv-indexer-0", "POD_NAMESPACE": namespace}),
+		io.Discard, env("KVINDEX_ADMIN_TOKEN", "secret"))
+	if err != nil {
+		t.Fatalf("the indexer refuses the chart's flags: %v", err)
+	}
+	return cfg
+}
+
+// portNumber is the container port of c that p names (by name or number).
+func portNumber(t *testing.T, c corev1.Container, p intstr.IntOrString) int32 {
+	t.Helper()
+	if p.Type == intstr.Int {
+		return p.IntVal
+	}
+	return containerPort(t, c, p.StrVal)
+}
+
+// servesWithoutCertificate says whether the indexer configured by cfg answers
+// a client without a certificate that speaks scheme to its port port: its
+// probe listener (--probe-addr) is plain HTTP whatever the TLS flags say; its
+// HTTP listener is plain HTTP without --tls-cert and asks for a client
+// certificate with --tls-client-ca.
+func servesWithoutCertificate(t *testing.T, cfg server.Config, port int32, scheme corev1.URIScheme) bool {
+	t.Helper()
+	plain := scheme == "" || scheme == corev1.URISchemeHTTP
+	switch {
+	case cfg.ProbeAddr != "" && port == portOf(t, cfg.ProbeAddr):
+		return plain
+	case port == portOf(t, cfg.HTTPAddr) && cfg.TLSCert == "":
+		return plain
+	case port == portOf(t, cfg.HTTPAddr):
+		return cfg.TLSClientCA == "" && scheme == corev1.URISchemeHTTPS
+	}
+	return false
+}
+
+// secretOf is the Secret whose volume container c of pod mounts file from ("":
+// none).
+func secretOf(pod corev1.PodSpec, c corev1.Container, file string) string {
+	for _, m := range c.VolumeMounts {
+		if strings.HasPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/") {
+			for _, v := range pod.Volumes {
+				if v.Name == m.Name && v.Secret != nil {
+					return v.Secret.SecretName
+				}
+			}
+		}
+	}
+	return ""
+}
+
 // checkRaftCAApart: with TLS, the indexer's --tls-client-ca and --raft-tls-ca
 // (and the raft certificate) come from two Secrets, apiSecret and raftSecret, so
 // that no API client certificate can speak raft.
 func checkRaftCAApart(t *testing.T, s *appsv1.StatefulSet, apiSecret, raftSecret string) {
 	t.Helper()
 	c := s.Spec.Template.Spec.Containers[0]
-	cfg, err := server.ParseFlags(expand(c.Args, map[string]string{"POD_NAME": "kv-indexer-0", "POD_NAMESPACE": namespace}),
-		io.Discard, env("KVINDEX_ADMIN_TOKEN", "secret"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	secretOf := func(file string) string {
-		for _, m := range c.VolumeMounts {
-			if strings.HasPrefix(file, strings.TrimSuffix(m.MountPath, "/")+"/") {
-				for _, v := range s.Spec.Template.Spec.Volumes {
-					if v.Name == m.Name && v.Secret != nil {
-						return v.Secret.SecretName
-					}
-				}
-			}
-		}
-		return ""
-	}
+	cfg := indexerConfig(t, s)
+	secretOf := func(file string) string { return secretOf(s.Spec.Template.Spec, c, file) }
 	for _, f := range []struct{ flag, file, want string }{
 		{"--tls-client-ca", cfg.TLSClientCA, apiSecret},
 		{"--raft-tls-ca", cfg.RaftTLSCA, raftSecret},
@@ -338,7 +388,16 @@ func checkRouter(t *testing.T, r *rendered, epp bool) {
 		t.Errorf("discovery %+v: want a selector in the release namespace", cfg.Kube)
 	}
 	if len(cfg.Indexer) != 1 || portOf(t, cfg.Indexer[0]) != 7070 || !strings.HasPrefix(cfg.Indexer[0], "kv-indexer.") {
-		t.Errorf("--indexer %v, want the indexer Service's gRPC port", cfg.Indexer)
+		t.Fatalf("--indexer %v, want the indexer Service's gRPC port", cfg.Indexer)
+	}
+	// The router speaks to the indexer as the indexer serves: TLS when it
+	// serves TLS, with a client certificate when it asks for one.
+	icfg := indexerConfig(t, r.statefulSets["kv-indexer"])
+	switch {
+	case (icfg.TLSCert != "") != (cfg.IndexerTLSCA != ""):
+		t.Errorf("the indexer serves TLS: %v; the router dials it with TLS (--indexer-tls-ca %q): %v", icfg.TLSCert != "", cfg.IndexerTLSCA, cfg.IndexerTLSCA != "")
+	case icfg.TLSClientCA != "" && (cfg.IndexerTLSCert == "" || cfg.IndexerTLSKey == ""):
+		t.Errorf("the indexer requires client certificates (--tls-client-ca) but the router presents none (--indexer-tls-cert %q, --indexer-tls-key %q)", cfg.IndexerTLSCert, cfg.IndexerTLSKey)
 	}
 	if epp {
 		port := containerPort(t, c, "epp")
@@ -363,6 +422,102 @@ func checkRouter(t *testing.T, r *rendered, epp bool) {
 	}
 	if sa := d.Spec.Template.Spec.ServiceAccountName; !watchesPods(r, sa) || !slices.ContainsFunc(r.accounts, func(a *corev1.ServiceAccount) bool { return a.Name == sa }) {
 		t.Errorf("the router's ServiceAccount %q must be bound to a Role that gets, lists and watches pods", sa)
+	}
+}
+
+// checkRouterTLS: the router dials the indexer with TLS, its CA, client
+// certificate and key from Secret secret, verifying the indexer's certificate
+// against serverName.
+func checkRouterTLS(t *testing.T, r *rendered, secret, serverName string) {
+	t.Helper()
+	d := r.deployments["kv-router"]
+	c := d.Spec.Template.Spec.Containers[0]
+	cfg, err := router.ParseFlags(expand(c.Args, map[string]string{"POD_NAMESPACE": namespace}), io.Discard, env())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []struct{ flag, file string }{
+		{"--indexer-tls-ca", cfg.IndexerTLSCA}, {"--indexer-tls-cert", cfg.IndexerTLSCert}, {"--indexer-tls-key", cfg.IndexerTLSKey},
+	} {
+		if got := secretOf(d.Spec.Template.Spec, c, f.file); f.file == "" || got != secret {
+			t.Errorf("router %s=%q is from Secret %q, want %q", f.flag, f.file, got, secret)
+		}
+	}
+	if cfg.IndexerTLSServerName != serverName {
+		t.Errorf("router --indexer-tls-server-name %q, want %q", cfg.IndexerTLSServerName, serverName)
+	}
+}
+
+// checkScrapedWithoutCertificates: every ServiceMonitor endpoint reaches,
+// through the Services it selects, a port that answers GET /metrics to a
+// scraper without a client certificate; the indexer is scraped through a
+// Service that publishes members that are not ready (a catching-up member's
+// metrics are the ones wanted), and both components are scraped.
+func checkScrapedWithoutCertificates(t *testing.T, r *rendered) {
+	t.Helper()
+	indexer, rt := r.statefulSets["kv-indexer"], r.deployments["kv-router"]
+	icfg := indexerConfig(t, indexer)
+	selects := func(svc *corev1.Service, pod corev1.PodTemplateSpec) bool {
+		for k, v := range svc.Spec.Selector {
+			if pod.Labels[k] != v {
+				return false
+			}
+		}
+		return len(svc.Spec.Selector) > 0
+	}
+	scraped := map[string]bool{}
+	for _, obj := range r.custom["ServiceMonitor"] {
+		var sm struct {
+			Spec struct {
+				Selector struct {
+					MatchLabels map[string]string `json:"matchLabels"`
+				} `json:"selector"`
+				Endpoints []struct{ Port, Path, Scheme string } `json:"endpoints"`
+			} `json:"spec"`
+		}
+		data, err := yaml.Marshal(obj)
+		if err == nil {
+			err = yaml.Unmarshal(data, &sm)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ep := range sm.Spec.Endpoints {
+			scheme := corev1.URIScheme(strings.ToUpper(ep.Scheme))
+			for name, svc := range r.services {
+				matched := true
+				for k, v := range sm.Spec.Selector.MatchLabels {
+					matched = matched && svc.Labels[k] == v
+				}
+				for _, sp := range svc.Spec.Ports {
+					if !matched || sp.Name != ep.Port {
+						continue
+					}
+					switch {
+					case selects(svc, indexer.Spec.Template):
+						port := portNumber(t, indexer.Spec.Template.Spec.Containers[0], sp.TargetPort)
+						if ep.Path != "/metrics" || !servesWithoutCertificate(t, icfg, port, scheme) || !svc.Spec.PublishNotReadyAddresses {
+							t.Errorf("ServiceMonitor endpoint %+v scrapes the indexer through Service %s port %d: want /metrics on a port that needs no client certificate, through a Service publishing not-ready members", ep, name, port)
+						}
+						scraped["indexer"] = true
+					case rt != nil && selects(svc, rt.Spec.Template):
+						c := rt.Spec.Template.Spec.Containers[0]
+						cfg, err := router.ParseFlags(expand(c.Args, map[string]string{"POD_NAMESPACE": namespace}), io.Discard, env())
+						if err != nil {
+							t.Fatal(err)
+						}
+						// The router's --listen is plain HTTP, without client certificates.
+						if port := portNumber(t, c, sp.TargetPort); ep.Path != "/metrics" || port != portOf(t, cfg.Listen) || scheme == corev1.URISchemeHTTPS {
+							t.Errorf("ServiceMonitor endpoint %+v scrapes the router through Service %s port %d: want /metrics on --listen (%s) in plain HTTP", ep, name, port, cfg.Listen)
+						}
+						scraped["router"] = true
+					}
+				}
+			}
+		}
+	}
+	if !scraped["indexer"] || rt != nil && !scraped["router"] {
+		t.Errorf("scraped: %v; want the indexer and the router", scraped)
 	}
 }
 
@@ -429,7 +584,7 @@ func TestChartRenders(t *testing.T) {
 		}},
 		{"five voters, TLS, monitoring, network policy, examples", `
 adminToken: {existingSecret: kv-admin}
-tls: {enabled: true, secretName: kv-tls, raftSecretName: kv-raft-tls}
+tls: {enabled: true, secretName: kv-tls, raftSecretName: kv-raft-tls, routerSecretName: kv-router-tls}
 indexer: {replicas: 5}
 serviceMonitor: {enabled: true}
 networkPolicy: {enabled: true, allowNamespaces: [gateway]}
@@ -438,10 +593,12 @@ examples: {vllm: {enabled: true}, inferencePool: {enabled: true}}
 			checkIndexer(t, r, 5, "")
 			checkRouter(t, r, true)
 			checkRaftCAApart(t, r.statefulSets["kv-indexer"], "kv-tls", "kv-raft-tls")
-			if r.custom["ServiceMonitor"] == nil || len(r.netpols) != 1 {
-				t.Error("want a ServiceMonitor and a NetworkPolicy")
+			checkRouterTLS(t, r, "kv-router-tls", "kv-indexer."+namespace+".svc")
+			if len(r.custom["ServiceMonitor"]) != 2 || len(r.netpols) != 1 {
+				t.Error("want a ServiceMonitor for the indexer and one for the router, and a NetworkPolicy")
 			}
-			ip := r.custom["InferencePool"]
+			checkScrapedWithoutCertificates(t, r)
+			ip := r.custom["InferencePool"][0]
 			ref, _ := ip["spec"].(map[string]any)["endpointPickerRef"].(map[string]any)
 			if ref["name"] != "kv-router-epp" {
 				t.Errorf("InferencePool endpointPickerRef %v, want the router's EPP Service", ref)
@@ -462,6 +619,28 @@ indexer: {bindReplayPattern: "tcp://{pod}.engines.llm.svc:5558"}
 			args := strings.Join(r.statefulSets["kv-indexer"].Spec.Template.Spec.Containers[0].Args, " ")
 			if !strings.Contains(args, "--zmq-bind=tcp://*:5557") || !strings.Contains(args, "--bind-replay-pattern=tcp://{pod}.engines.llm.svc:5558") {
 				t.Errorf("indexer args %q: want --zmq-bind and the --bind-replay-pattern", args)
+			}
+		}},
+		{"monitoring without TLS", `
+adminToken: {existingSecret: kv-admin}
+serviceMonitor: {enabled: true}
+`, func(t *testing.T, r *rendered) {
+			checkIndexer(t, r, 3, "")
+			checkRouter(t, r, true)
+			checkScrapedWithoutCertificates(t, r)
+		}},
+		{"TLS, the proxy's probes over HTTP, another indexer certificate name", `
+adminToken: {existingSecret: kv-admin}
+tls: {enabled: true, secretName: kv-tls, raftSecretName: kv-raft-tls, routerSecretName: kv-router-tls, indexerServerName: indexer.example}
+router: {eppPort: 0, extraVolumes: [{name: models, emptyDir: {}}], extraVolumeMounts: [{name: models, mountPath: /models}]}
+`, func(t *testing.T, r *rendered) {
+			checkIndexer(t, r, 3, "")
+			checkRouter(t, r, false)
+			checkRouterTLS(t, r, "kv-router-tls", "indexer.example")
+			c := r.deployments["kv-router"].Spec.Template.Spec.Containers[0]
+			if secretOf(r.deployments["kv-router"].Spec.Template.Spec, c, "/models/m/tokenizer.json") != "" ||
+				!slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "models" }) {
+				t.Errorf("the router's extra volume mounts %+v are lost next to the TLS Secret", c.VolumeMounts)
 			}
 		}},
 		{"proxy only, fixed replicas, nats", `
@@ -522,8 +701,9 @@ router: {enabled: false}
 func TestChartRefuses(t *testing.T) {
 	for _, c := range []struct{ values, want string }{
 		{`{}`, "adminToken.existingSecret is required"},
-		{`{adminToken: {existingSecret: a}, tls: {enabled: true}}`, "tls.secretName is required"},
-		{`{adminToken: {existingSecret: a}, tls: {enabled: true, secretName: t}}`, "tls.raftSecretName is required"},
+		{`{adminToken: {existingSecret: a}, tls: {enabled: true, routerSecretName: c}}`, "tls.secretName is required"},
+		{`{adminToken: {existingSecret: a}, tls: {enabled: true, secretName: t, routerSecretName: c}}`, "tls.raftSecretName is required"},
+		{`{adminToken: {existingSecret: a}, tls: {enabled: true, secretName: t, raftSecretName: r}}`, "tls.routerSecretName is required"},
 		{`{adminToken: {existingSecret: a}, indexer: {ingest: nats}}`, "indexer.natsURL is required"},
 	} {
 		_, err := render(t, c.values)
