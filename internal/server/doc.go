@@ -13,7 +13,9 @@
 // and reflection (grpc.go), and the REST endpoints (http.go, compat.go): our
 // kvindex.v1 messages as JSON, hermes-router's POST /kv-cache/hit-rate, Dynamo's
 // and Mooncake's /query, /query_by_hash, /register, /unregister, plus /workers,
-// /dump, /cluster, /healthz, /readyz and /metrics. docs/api.md is the contract.
+// /dump, /cluster, /healthz, /readyz and /metrics; with --probe-addr a second,
+// plain-HTTP listener serves only /healthz, /readyz and /metrics (probe.go).
+// docs/api.md is the contract.
 // Every API shapes one scoring core (score.go); gRPC Score and QueryByHash,
 // the per-request calls of a router, take a fast path to it (scorewire.go:
 // pooled requests and results, the answer written straight to the wire) that a
@@ -53,7 +55,7 @@
 //
 // A Server is built by New and run once by Run, which owns its goroutines
 // (ingest and the worker health probe while leading, the bind socket and its
-// forwarder, registry mirror, join, HTTP, gRPC, health) and returns after all
+// forwarder, registry mirror, join, HTTP, the probe listener, gRPC, health) and returns after all
 // of them stopped. API, Backend implementations and ChangeFeed
 // subscriptions are safe for concurrent use; ChangeFeed.Prepare/Commit/
 // WorkerRemoved and the other apply hooks run on raft's apply goroutine only and
