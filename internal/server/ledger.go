@@ -70,7 +70,10 @@ type ledgerRouter struct {
 	session    uint64
 	leaseUntil time.Time
 	predicted  []*kvindexv1.PredictedPrefix // queued for this router
-	sessions   []*kvindexv1.SessionBinding  // queued for this router
+	// predictedKeys is the number of keys in predicted, bounded by
+	// maxLedgerQueuedKeys.
+	predictedKeys int
+	sessions      []*kvindexv1.SessionBinding // queued for this router
 }
 
 // Bounds of what one router can make the leader hold.
@@ -78,6 +81,10 @@ const (
 	maxLedgerTargetsPerReport = 1 << 16
 	maxLedgerQueue            = 4096 // predictions or bindings queued per router
 	maxLedgerKeys             = 1 << 16
+	// maxLedgerQueuedKeys bounds the keys of the predictions queued per router
+	// (8 MiB): 4096 predictions of a long prompt's keys would be gigabytes, held
+	// for a router whose stream is slow or gone.
+	maxLedgerQueuedKeys = 1 << 20
 )
 
 // ErrLedgerFull: more routers than --ledger-max-routers.
@@ -255,11 +262,29 @@ func (l *loadLedger) applyLocked(id string, r *ledgerRouter, rep *kvindexv1.Repo
 			if other == id {
 				continue
 			}
-			o.predicted = appendBounded(o.predicted, rep.Predicted)
+			o.queuePredicted(rep.Predicted)
 			o.sessions = appendBounded(o.sessions, rep.Sessions)
 		}
 	}
 	l.wakeLocked()
+}
+
+// queuePredicted queues ps for r, keeping the newest maxLedgerQueue predictions
+// and at most maxLedgerQueuedKeys keys (one prediction has fewer, so the newest
+// always stays).
+func (r *ledgerRouter) queuePredicted(ps []*kvindexv1.PredictedPrefix) {
+	for _, p := range ps {
+		r.predicted = append(r.predicted, p)
+		r.predictedKeys += len(p.Keys)
+	}
+	drop := 0
+	for len(r.predicted)-drop > maxLedgerQueue || r.predictedKeys > maxLedgerQueuedKeys {
+		r.predictedKeys -= len(r.predicted[drop].Keys)
+		drop++
+	}
+	if drop > 0 {
+		r.predicted = append(r.predicted[:0], r.predicted[drop:]...)
+	}
 }
 
 // appendBounded appends and keeps the newest maxLedgerQueue entries.
@@ -278,7 +303,7 @@ func (l *loadLedger) close(id string, session uint64) {
 	if r := l.routers[id]; r != nil && r.session == session {
 		r.session = 0
 		r.leaseUntil = l.now().Add(l.lease)
-		r.predicted, r.sessions = nil, nil
+		r.predicted, r.predictedKeys, r.sessions = nil, 0, nil
 	}
 }
 
@@ -313,7 +338,7 @@ func (l *loadLedger) view(id string, last map[ledgerTarget]ledgerLoad) (*kvindex
 	}
 	if r != nil {
 		resp.Predicted, resp.Sessions = r.predicted, r.sessions
-		r.predicted, r.sessions = nil, nil
+		r.predicted, r.predictedKeys, r.sessions = nil, 0, nil
 	}
 	return resp, next, l.changed
 }

@@ -404,3 +404,50 @@ func TestRouterOverMutualTLS(t *testing.T) {
 		t.Errorf("kvindex_router_ledger_staleness_seconds = %v without the ledger, want -1", s)
 	}
 }
+
+// The predictions queued for a router that does not take them (a slow or
+// vanished stream) are bounded in number and in keys; the newest stay, in order.
+func TestLedgerBoundsQueuedPredictions(t *testing.T) {
+	m, err := newLedgerMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name      string
+		n, keys   int // predictions sent, keys each
+		wantCount int
+	}{
+		{"few keys: the count bound", maxLedgerQueue + 100, 4, maxLedgerQueue},
+		{"long prompts: the key bound", 40, maxLedgerKeys, maxLedgerQueuedKeys / maxLedgerKeys},
+		{"under both", 10, 100, 10},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := newLoadLedger(time.Minute, time.Millisecond, 4, m, clusterLogger())
+			for i, id := range []string{"slow", "sender"} {
+				if err := l.open(&kvindexv1.ReportRequest{RouterId: id, Full: true}, uint64(i+1)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range c.n { // one prediction a report, as a router sends them
+				keys := make([]uint64, c.keys)
+				keys[0] = uint64(i)
+				p := &kvindexv1.PredictedPrefix{Worker: "w0", Keys: keys, TtlMs: 1000, RouterId: "sender"}
+				if err := l.report("sender", 2, &kvindexv1.ReportRequest{RouterId: "sender", Predicted: []*kvindexv1.PredictedPrefix{p}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			resp, _, _ := l.view("slow", nil)
+			if len(resp.Predicted) != c.wantCount {
+				t.Fatalf("%d predictions queued, want %d", len(resp.Predicted), c.wantCount)
+			}
+			for i, p := range resp.Predicted {
+				if want := uint64(c.n - c.wantCount + i); p.Keys[0] != want {
+					t.Fatalf("queued prediction %d is #%d, want #%d (the newest, in order)", i, p.Keys[0], want)
+				}
+			}
+			if resp, _, _ := l.view("slow", nil); len(resp.Predicted) != 0 {
+				t.Errorf("%d predictions again after the router took them", len(resp.Predicted))
+			}
+		})
+	}
+}
