@@ -71,6 +71,7 @@ type API struct {
 	maxStreams       uint32
 	watches          streamLimit
 	ledger           *loadLedger
+	ui               *uiConsole // one per API, however many handlers are built
 	writeTimeout     time.Duration
 }
 
@@ -110,6 +111,7 @@ func NewAPI(b Backend, cfg APIConfig, logger *slog.Logger) (*API, error) {
 	d := DefaultConfig()
 	a.ledger = newLoadLedger(cmp.Or(cfg.LedgerLease, d.LedgerLease), cmp.Or(cfg.LedgerPushInterval, d.LedgerPushInterval),
 		cmp.Or(cfg.LedgerMaxRouters, d.LedgerMaxRouters), lm, logger)
+	a.ui = a.newUIConsole()
 	return a, nil
 }
 

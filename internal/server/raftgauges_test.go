@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"testing"
@@ -138,10 +139,37 @@ func TestRaftStateGauges(t *testing.T) {
 		checkMember(t, cn, cn == leader)
 	}
 
+	// The console's leadership timeline follows raft from start, not only while
+	// a page watches: nobody has read the console, yet each follower's timeline
+	// ends with this leader and term (it samples every uiInterval).
+	was := uiLeadership{Term: uint64(term), Leader: leader.id}
+	for _, cn := range c.followers(leader) {
+		waitForCond(t, 10*time.Second, cn.id+"'s timeline to note "+leader.id, func() bool {
+			last, ok := cn.srv.api.ui.timeline.Last()
+			last.At = 0
+			return ok && last == was
+		})
+	}
+
 	c.kill(leader)
 	next, nextTerm := oneLeader(t, c, term)
 	t.Logf("term %v -> %v after the leader was killed", term, nextTerm)
 	for _, cn := range c.live() {
 		checkMember(t, cn, cn == next)
+	}
+	// The console then shows both leaderships, the new one last.
+	for _, cn := range c.live() {
+		code, body := httpDo(t, "GET", "http://"+cn.srv.HTTPAddr()+"/ui/api/state", nil)
+		var st uiState
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &st) != nil {
+			t.Fatalf("%s: GET /ui/api/state = %d %s", cn.id, code, body)
+		}
+		sawOld := false
+		for _, e := range st.Timeline {
+			sawOld = sawOld || (e.Term == was.Term && e.Leader == was.Leader)
+		}
+		if last := st.Timeline[len(st.Timeline)-1]; !sawOld || last.Term != uint64(nextTerm) || last.Leader != next.id {
+			t.Errorf("%s: timeline %+v, want term %v led by %s, and last term %v led by %s", cn.id, st.Timeline, term, leader.id, nextTerm, next.id)
+		}
 	}
 }

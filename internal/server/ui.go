@@ -112,7 +112,7 @@ type uiConsole struct {
 	hub      *console.Hub
 	timeline *console.Series[uiLeadership]
 
-	mu    sync.Mutex
+	mu    sync.Mutex            // also makes noteLeader's check-and-add one step
 	rates map[string]rateSample // by worker; guarded by mu
 }
 
@@ -131,7 +131,7 @@ func (a *API) newUIConsole() *uiConsole {
 
 // uiRoutes are the console's routes (see routes).
 func (a *API) uiRoutes() []route {
-	c := a.newUIConsole()
+	c := a.ui
 	assets := console.AssetHandler("/ui/assets/")
 	return []route{
 		{"GET /ui", accessPublic, func(w http.ResponseWriter, _ *http.Request) error {
@@ -158,6 +158,36 @@ func (a *API) uiRoutes() []route {
 	}
 }
 
+// noteLeader adds the leader of term to the timeline unless it is the last
+// entry already.
+func (c *uiConsole) noteLeader(term uint64, leader string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if last, ok := c.timeline.Last(); !ok || last.Term != term || last.Leader != leader {
+		c.timeline.Add(uiLeadership{At: time.Now().UnixMilli(), Term: term, Leader: leader})
+	}
+}
+
+// followLeadership notes this node's view of the leader and term in the
+// console's timeline every uiInterval from start, so the timeline shows the
+// elections that happened while no page was open (an operator opens the
+// console after the incident). Reading raft's configuration once a second is
+// all it costs; a leadership shorter than that shows only if a page read it.
+func (s *Server) followLeadership(ctx context.Context) {
+	t := time.NewTicker(uiInterval)
+	defer t.Stop()
+	for {
+		if st, err := s.node.Cluster(); err == nil {
+			s.api.ui.noteLeader(st.Term, st.LeaderID)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // state builds the console's state from this node's backend.
 func (c *uiConsole) state(ctx context.Context) (*uiState, error) {
 	a := c.a
@@ -177,9 +207,7 @@ func (c *uiConsole) state(ctx context.Context) (*uiState, error) {
 		}
 		st.Cluster.Members = append(st.Cluster.Members, um)
 	}
-	if last, ok := c.timeline.Last(); !ok || last.Term != cs.Term || last.Leader != cs.LeaderID {
-		c.timeline.Add(uiLeadership{At: time.Now().UnixMilli(), Term: cs.Term, Leader: cs.LeaderID})
-	}
+	c.noteLeader(cs.Term, cs.LeaderID)
 	st.Timeline = c.timeline.Values()
 
 	ix := a.backend.Index().Stats()
