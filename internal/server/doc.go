@@ -56,9 +56,9 @@
 // A Server is built by New and run once by Run, which owns its goroutines
 // (ingest and the worker health probe while leading, the bind socket and its
 // forwarder, registry mirror, join, HTTP, the probe listener, gRPC, health, the
-// console's leadership timeline) and returns after all
-// of them stopped. API, Backend implementations and ChangeFeed
-// subscriptions are safe for concurrent use; ChangeFeed.Prepare/Commit/
-// WorkerRemoved and the other apply hooks run on raft's apply goroutine only and
-// never block (a watcher that falls behind is ended).
+// console's leadership timeline) and returns after all of them stopped. API,
+// Backend implementations and ChangeFeed subscriptions are safe for concurrent
+// use; ChangeFeed.Prepare/Commit/WorkerRemoved and the other apply hooks run on
+// raft's apply goroutine only and never block (a watcher that falls behind is
+// ended).
 package server
