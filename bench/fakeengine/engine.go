@@ -136,6 +136,7 @@ func (e *Engine) Start() (err error) {
 		}
 		rk := newRank(uint32(r), &e.cfg, seed, e.addr, e.log, e.m, p, e.stop)
 		rk.updateGauges()
+		e.m.cacheConfig.WithLabelValues(strconv.Itoa(e.cfg.BlockSize), strconv.Itoa(e.cfg.NumGPUBlocks), rk.label).Set(1)
 		for _, c := range []*prometheus.CounterVec{e.m.prefixQueries, e.m.prefixHits, e.m.promptTokens, e.m.genTokens} {
 			c.WithLabelValues(e.cfg.Model, rk.label).Add(0)
 		}

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -285,6 +287,18 @@ func TestMetricsParseAsPrometheusText(t *testing.T) {
 	}
 	if u := value("vllm:kv_cache_usage_perc"); u != 0 {
 		t.Errorf("kv_cache_usage_perc = %v with nothing running, want 0", u)
+	}
+	// The capacity routers need to turn the usage fraction into blocks.
+	if value("vllm:cache_config_info") != 1 {
+		t.Error("vllm:cache_config_info is not 1")
+	}
+	labels := map[string]string{}
+	for _, lp := range families["vllm:cache_config_info"].Metric[0].GetLabel() {
+		labels[lp.GetName()] = lp.GetValue()
+	}
+	cfg := testConfig()
+	if want := map[string]string{"block_size": strconv.Itoa(cfg.BlockSize), "num_gpu_blocks": strconv.Itoa(cfg.NumGPUBlocks), "engine": "0"}; !maps.Equal(labels, want) {
+		t.Errorf("cache_config_info labels %v, want %v", labels, want)
 	}
 }
 

@@ -13,6 +13,9 @@ type metrics struct {
 	running *prometheus.GaugeVec
 	waiting *prometheus.GaugeVec
 	kvUsage *prometheus.GaugeVec
+	// cacheConfig is vLLM's vllm:cache_config_info: the cache configuration in
+	// labels (block_size, num_gpu_blocks, engine), value 1.
+	cacheConfig *prometheus.GaugeVec
 
 	prefixQueries *prometheus.CounterVec
 	prefixHits    *prometheus.CounterVec
@@ -38,6 +41,8 @@ func newMetrics() *metrics {
 			Help: "Number of requests waiting to be processed."}, vl),
 		kvUsage: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vllm:kv_cache_usage_perc",
 			Help: "KV-cache usage. 1 means 100 percent usage."}, vl),
+		cacheConfig: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vllm:cache_config_info",
+			Help: "Information of the LLMEngine CacheConfig"}, []string{"block_size", "num_gpu_blocks", "engine"}),
 		prefixQueries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:prefix_cache_queries_total",
 			Help: "Prefix cache queries, in terms of number of queried tokens."}, vl),
 		prefixHits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:prefix_cache_hits_total",
@@ -59,7 +64,7 @@ func newMetrics() *metrics {
 		faults: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fakeengine_injected_faults_total",
 			Help: "Injected faults by kind: fail_500, fail_429, hang, restart."}, []string{"kind"}),
 	}
-	m.reg.MustRegister(m.running, m.waiting, m.kvUsage, m.prefixQueries, m.prefixHits, m.promptTokens,
+	m.reg.MustRegister(m.running, m.waiting, m.kvUsage, m.cacheConfig, m.prefixQueries, m.prefixHits, m.promptTokens,
 		m.genTokens, m.success, m.ttft, m.e2e, m.batches, m.replays, m.faults)
 	return m
 }

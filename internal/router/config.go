@@ -367,7 +367,7 @@ func registerFlags(fs *flag.FlagSet, c *Config) {
 	fs.IntVar(&c.MaxActiveDecodeBlocks, "max-active-decode-blocks", c.MaxActiveDecodeBlocks, "per worker rank: busy above this many decode blocks in flight (0: no limit)")
 	fs.DurationVar(&c.ReservationTTL, "reservation-ttl", c.ReservationTTL, "a sweep drops load reservations older than this (a leak guard; longer than any request)")
 	fs.IntVar(&c.DefaultOutputTokens, "default-output-tokens", c.DefaultOutputTokens, "output tokens assumed for decode load when a request sets no max_tokens")
-	fs.BoolVar(&c.ScrapeEngineMetrics, "scrape-engine-metrics", c.ScrapeEngineMetrics, "read vllm:num_requests_waiting/running from each worker's /metrics and fold them into load (requests other routers or clients sent); vllm:kv_cache_usage_perc is read and shown in /debug/route, not scored")
+	fs.BoolVar(&c.ScrapeEngineMetrics, "scrape-engine-metrics", c.ScrapeEngineMetrics, "read vllm:num_requests_waiting/running and vllm:kv_cache_usage_perc (as blocks, with vllm:cache_config_info's num_gpu_blocks) from each worker's /metrics and fold them into load: requests other routers or clients sent count too")
 	fs.DurationVar(&c.ScrapeInterval, "scrape-interval", c.ScrapeInterval, "period of the engine /metrics scrape")
 	fs.IntVar(&c.PDMinUncachedTokens, "pd-min-uncached-tokens", c.PDMinUncachedTokens, "disaggregate only when at least this many prompt tokens are uncached on the decode worker; below, decode prefills locally")
 	fs.IntVar(&c.BreakerFailureThreshold, "breaker-failure-threshold", c.BreakerFailureThreshold, "consecutive faults (connect errors, 5xx, timeouts; never 4xx or 429) before a worker is excluded; 0 disables the breaker")

@@ -24,7 +24,8 @@ type CostTerms struct {
 // uncached prompt blocks in flight before their first byte, less those this
 // request shares (plus, when engine metrics are scraped, num_requests_waiting ×
 // prompt_blocks); active_decode_blocks are the candidate's distinct in-flight KV
-// blocks with this request's added (its prompt blocks not already in flight there,
+// blocks (or, when scraped, the engine's kv_cache_usage_perc × num_gpu_blocks if
+// that is more) with this request's added (its prompt blocks not already in flight there,
 // its partial tail and expected output). Counting shared blocks once is what lets
 // the siblings of a burst co-locate: on the worker already prefilling their prefix
 // they add only their own tail, elsewhere the whole prompt. And
@@ -69,7 +70,7 @@ func scoreKVAware(cfg *Config, req *RouteRequest, cands []Candidate) {
 		c.Terms = CostTerms{
 			PromptBlocks:        prompt,
 			ActivePrefillBlocks: max(float64(c.Load.PrefillTokens)/bs-float64(c.SharedPrefill), 0) + float64(c.Engine.Waiting)*prompt,
-			ActiveDecodeBlocks:  float64(c.Load.DecodeBlocks) + own - float64(c.SharedActive),
+			ActiveDecodeBlocks:  float64(c.decodeBlocks()) + own - float64(c.SharedActive),
 			OverlapWeighted:     c.Overlap.Weighted(),
 			Load:                c.inFlight(),
 		}

@@ -30,6 +30,14 @@ func TestKVAwareCostFormula(t *testing.T) {
 		{"decode load counts", costCandidate("a", 0, 50, 0), costCandidate("z", 0, 0, 0), 100 + 50 + 110},
 		{"CPU blocks count three quarters", Candidate{Worker: &Worker{ID: "a", Ranks: 1}, Overlap: Overlap{CPU: 40}}, costCandidate("z", 0, 0, 0),
 			100 - 30 + 110},
+		{"the engine's KV usage counts when it exceeds the router's own blocks",
+			withEngine(costCandidate("a", 0, 50, 0), EngineLoad{KVUsage: 0.25, GPUBlocks: 1000}), costCandidate("z", 0, 0, 0), 100 + 250 + 110},
+		{"the router's own blocks count when the engine reports fewer",
+			withEngine(costCandidate("a", 0, 50, 0), EngineLoad{KVUsage: 0.01, GPUBlocks: 1000}), costCandidate("z", 0, 0, 0), 100 + 50 + 110},
+		{"usage without the engine's capacity is not scored",
+			withEngine(costCandidate("a", 0, 50, 0), EngineLoad{KVUsage: 0.9}), costCandidate("z", 0, 0, 0), 100 + 50 + 110},
+		{"a fraction of a block in use is a block", withEngine(costCandidate("a", 0, 0, 0), EngineLoad{KVUsage: 0.0001, GPUBlocks: 1000}),
+			costCandidate("z", 0, 0, 0), 100 + 1 + 110},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cands := []Candidate{c.cand, c.min}
@@ -39,6 +47,11 @@ func TestKVAwareCostFormula(t *testing.T) {
 			}
 		})
 	}
+}
+
+func withEngine(c Candidate, e EngineLoad) Candidate {
+	c.Engine = e
+	return c
 }
 
 // Blocks a request shares with in-flight requests on a candidate are not charged

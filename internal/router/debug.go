@@ -27,6 +27,8 @@ type candidateJSON struct {
 	EngineWaiting int     `json:"engine_waiting,omitempty"`
 	EngineRunning int     `json:"engine_running,omitempty"`
 	EngineKVUsage float64 `json:"engine_kv_usage,omitempty"`
+	// From vllm:cache_config_info: with it the usage counts as blocks in the cost.
+	EngineGPUBlocks int `json:"engine_gpu_blocks,omitempty"`
 }
 
 // decisionJSON is a decision as /debug/route answers it and the debug log prints
@@ -61,7 +63,8 @@ func candidatesJSON(cs []Candidate) []candidateJSON {
 			Overlap: c.Overlap.Blocks(), OverlapGPU: c.Overlap.GPU, OverlapCPU: c.Overlap.CPU, OverlapDisk: c.Overlap.Disk,
 			Source: c.Overlap.Source, InFlight: c.inFlight(), Prefill: c.Load.PrefillTokens, Decode: c.Load.DecodeBlocks,
 			SessionBound: c.SessionBound, Terms: c.Terms,
-			EngineWaiting: c.Engine.Waiting, EngineRunning: c.Engine.Running, EngineKVUsage: c.Engine.KVUsage}
+			EngineWaiting: c.Engine.Waiting, EngineRunning: c.Engine.Running, EngineKVUsage: c.Engine.KVUsage,
+			EngineGPUBlocks: c.Engine.GPUBlocks}
 	}
 	return out
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -218,13 +219,14 @@ func TestEngineMetricsAreScraped(t *testing.T) {
 	cfg.ScrapeInterval = 20 * time.Millisecond
 	cfg.Policy = PolicyLeastLoaded
 	rt := startRouter(t, cfg)
-	// Load w0 behind the router's back: requests sent straight to the engine.
+	// Load w0 behind the router's back: requests sent straight to the engine,
+	// long enough to outlast the test (they end with it).
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for range 3 {
 		go func() {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f.engines["w0"].URL()+"/v1/completions",
-				strings.NewReader(completionBody(words("direct", 20), 400)))
+				strings.NewReader(completionBody(words("direct", 20), 1000)))
 			if resp, err := http.DefaultClient.Do(req); err == nil {
 				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
@@ -235,11 +237,27 @@ func TestEngineMetricsAreScraped(t *testing.T) {
 		l := rt.engineLoad(Target{Worker: "w0"})
 		return l.Running+l.Waiting >= 3 && l.KVUsage > 0
 	})
-	// /debug/route shows what the engines report.
-	for _, c := range dryRun(t, rt.url, completionBody("scraped", 1)).Candidates {
-		if c.Worker == "w0" && (c.EngineRunning+c.EngineWaiting < 3 || c.EngineKVUsage <= 0 || c.InFlight < 3) {
-			t.Errorf("w0 as /debug/route shows it: %+v; its engine runs 3 requests", c)
-		}
+	if l, want := rt.engineLoad(Target{Worker: "w0"}), f.engines["w0"].Config().NumGPUBlocks; l.GPUBlocks != want {
+		t.Errorf("scraped capacity %d GPU blocks, the engine has %d", l.GPUBlocks, want)
+	}
+	// /debug/route shows what the engines report, and kv-aware's decode term
+	// counts the blocks w0's engine holds for requests the router never saw.
+	cfg.Policy = PolicyKVAware
+	kv := startRouter(t, cfg)
+	waitFor(t, 10*time.Second, "the second router's scrape", func() bool { return kv.engineLoad(Target{Worker: "w0"}).KVUsage > 0 })
+	byWorker := map[string]candidateJSON{}
+	for _, c := range dryRun(t, kv.url, completionBody("scraped", 1)).Candidates {
+		byWorker[c.Worker] = c
+	}
+	w0, w1 := byWorker["w0"], byWorker["w1"]
+	if w0.EngineRunning+w0.EngineWaiting < 3 || w0.EngineKVUsage <= 0 || w0.InFlight < 3 || w0.EngineGPUBlocks <= 0 {
+		t.Errorf("w0 as /debug/route shows it: %+v; its engine runs 3 requests", w0)
+	}
+	if w1.EngineKVUsage != 0 || w1.Decode != 0 || w0.Decode != 0 {
+		t.Fatalf("w1 %+v should be idle and the router should have no request on w0 %+v", w1, w0)
+	}
+	if got, want := w0.Terms.ActiveDecodeBlocks-w1.Terms.ActiveDecodeBlocks, math.Ceil(w0.EngineKVUsage*float64(w0.EngineGPUBlocks)); got != want {
+		t.Errorf("w0's decode term exceeds idle w1's by %v blocks, want the engine's %v (usage %v of %d)", got, want, w0.EngineKVUsage, w0.EngineGPUBlocks)
 	}
 	for range 3 {
 		if got := rt.servedBy(t, f.ids, func() { post(t, rt.url, "/v1/completions", completionBody("scraped", 1)) }); got != "w1" {

@@ -38,8 +38,17 @@ const (
 // when not scraped.
 type EngineLoad struct {
 	Waiting, Running int
-	KVUsage          float64
+	// KVUsage is vllm:kv_cache_usage_perc (the fraction of GPU KV blocks in use
+	// by running requests; cached blocks nobody uses count as free) and GPUBlocks
+	// the rank's capacity from vllm:cache_config_info's num_gpu_blocks label: both
+	// are needed to turn the fraction into blocks (0 when the engine does not say).
+	KVUsage   float64
+	GPUBlocks int
 }
+
+// usedBlocks is how many GPU KV blocks the engine reports in use, or 0 when it
+// does not report its capacity.
+func (e EngineLoad) usedBlocks() int { return int(math.Ceil(e.KVUsage * float64(e.GPUBlocks))) }
 
 // Candidate is one target a policy may pick, with everything policies score.
 type Candidate struct {
@@ -69,6 +78,11 @@ func (c *Candidate) Target() Target { return Target{Worker: c.Worker.ID, Rank: c
 // inFlight is the candidate's request load: the router's own, or what the engine
 // reports when that is larger (it also counts other routers' requests).
 func (c *Candidate) inFlight() int { return max(c.Load.InFlight, c.Engine.Waiting+c.Engine.Running) }
+
+// decodeBlocks is the candidate's KV blocks in use: the router's own count, or
+// what the engine reports when that is larger (requests of other routers or sent
+// around the router, and their real output lengths).
+func (c *Candidate) decodeBlocks() int { return max(c.Load.DecodeBlocks, c.Engine.usedBlocks()) }
 
 // RouteRequest is the part of a request policies look at.
 type RouteRequest struct {

@@ -2,9 +2,9 @@ package router
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -54,26 +54,47 @@ func scrapeOnce(ctx context.Context, hc *http.Client, w *Worker) (map[uint32]Eng
 		"vllm:num_requests_running": func(l *EngineLoad, v float64) { l.Running += int(v) },
 		"vllm:kv_cache_usage_perc":  func(l *EngineLoad, v float64) { l.KVUsage = max(l.KVUsage, v) },
 	} {
-		f := families[name]
-		if f == nil {
+		for _, m := range families[name].GetMetric() {
+			if rank, _ := seriesRank(m); rank < w.Ranks {
+				l := out[rank]
+				set(&l, m.GetGauge().GetValue())
+				out[rank] = l
+			}
+		}
+	}
+	// vLLM's cache_config_info carries the configuration in labels (its value is
+	// 1); without an engine label it holds for every rank.
+	for _, m := range families["vllm:cache_config_info"].GetMetric() {
+		blocks := 0
+		for _, lp := range m.GetLabel() {
+			if lp.GetName() == "num_gpu_blocks" {
+				blocks, _ = strconv.Atoi(lp.GetValue())
+			}
+		}
+		if blocks <= 0 {
 			continue
 		}
-		for _, m := range f.GetMetric() {
-			rank := uint32(0)
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "engine" {
-					fmt.Sscan(lp.GetValue(), &rank)
-				}
+		rank, ranked := seriesRank(m)
+		for r := range w.Ranks {
+			if l, ok := out[r]; ok && (r == rank || !ranked) {
+				l.GPUBlocks = blocks
+				out[r] = l
 			}
-			if rank >= w.Ranks {
-				continue
-			}
-			l := out[rank]
-			set(&l, m.GetGauge().GetValue())
-			out[rank] = l
 		}
 	}
 	return out, nil
+}
+
+// seriesRank is the dp rank a series is labelled with (engine="<rank>"), and
+// whether it has one; a series without it counts for rank 0.
+func seriesRank(m *dto.Metric) (uint32, bool) {
+	for _, lp := range m.GetLabel() {
+		if lp.GetName() == "engine" {
+			rank, err := strconv.ParseUint(lp.GetValue(), 10, 32)
+			return uint32(rank), err == nil
+		}
+	}
+	return 0, false
 }
 
 // run scrapes every worker each interval until ctx ends. A worker that does not
