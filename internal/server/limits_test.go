@@ -370,7 +370,10 @@ func TestStalledDumpReaderFreesTheSlot(t *testing.T) {
 		untilWholeDump(t, func() (int, error, bool) {
 			resp, err := client.Get("http://" + srv.HTTPAddr() + "/dump")
 			if err != nil {
-				return 0, err, false
+				// No answer at all (EOF before the headers): the server's write
+				// timeout ran out before this dump's first write, its handler
+				// descheduled by -race on busy cores. Seen once at load 13.
+				return 0, err, true
 			}
 			defer resp.Body.Close()
 			if resp.StatusCode == http.StatusTooManyRequests {
