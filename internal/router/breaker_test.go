@@ -239,6 +239,7 @@ func TestBreakerEndToEndExcludesProbesAndRestoresAFailingWorker(t *testing.T) {
 	if s := rt.breakerState("w1"); s != float64(BreakerClosed) {
 		t.Fatalf("healthy w1 breaker_state=%v, want 0", s)
 	}
+	uiBreakers(t, rt.url, map[string]string{"w0": "open", "w1": "closed"}, map[string]float64{"w0": 1, "w1": 0})
 
 	// Open: nothing goes to w0 during the cooldown.
 	excludedBefore := testutil.ToFloat64(rt.metrics.excluded.WithLabelValues(ExcludeBreaker))
@@ -265,6 +266,7 @@ func TestBreakerEndToEndExcludesProbesAndRestoresAFailingWorker(t *testing.T) {
 	if n := up["w0"].count(); n != 3 {
 		t.Fatalf("a dry run sent w0 a request (%d)", n)
 	}
+	uiBreakers(t, rt.url, map[string]string{"w0": "half-open", "w1": "closed"}, map[string]float64{"w0": 1, "w1": 0})
 	// Exactly one probe; it fails, the cooldown doubles to 10s.
 	okUntil(t, rt, 4, "the probe sent to w0", func() bool { return up["w0"].count() == 4 })
 	if s, n := rt.breakerState("w0"), rt.breakerTrips("w0"); s != float64(BreakerOpen) || n != 2 {
@@ -292,6 +294,7 @@ func TestBreakerEndToEndExcludesProbesAndRestoresAFailingWorker(t *testing.T) {
 	if _, cd := rt.breakers.State("w0"); cd != 5*time.Second {
 		t.Fatalf("cooldown after the restore = %s, want 5s again", cd)
 	}
+	uiBreakers(t, rt.url, map[string]string{"w0": "closed", "w1": "closed"}, map[string]float64{"w0": 2, "w1": 0})
 	// Restored: round-robin gives it every other request again.
 	b0, b1 := up["w0"].count(), up["w1"].count()
 	okUntil(t, rt, 4, "4 requests served", func() bool { return up["w0"].count()+up["w1"].count() == b0+b1+4 })
@@ -299,6 +302,17 @@ func TestBreakerEndToEndExcludesProbesAndRestoresAFailingWorker(t *testing.T) {
 		t.Fatalf("after the restore 4 requests went w0:%d w1:%d, want 2:2", d0, d1)
 	}
 	rt.assertNoLoad(t, f.ids)
+}
+
+// uiBreakers checks the console's worker table (/ui/api/state) shows each
+// worker's breaker state and trips.
+func uiBreakers(t *testing.T, url string, states map[string]string, trips map[string]float64) {
+	t.Helper()
+	for _, w := range getUIState(t, url).Workers {
+		if w.Breaker != states[w.ID] || w.Trips != trips[w.ID] {
+			t.Errorf("console shows %s breaker %q with %v trips, want %q and %v", w.ID, w.Breaker, w.Trips, states[w.ID], trips[w.ID])
+		}
+	}
 }
 
 func TestBreakerEndToEndA429WorkerNeverTrips(t *testing.T) {
