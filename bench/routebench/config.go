@@ -68,11 +68,14 @@ type Config struct {
 	// PrefillScale, when > 0, is the router's --prefill-scale for every kv-aware
 	// variant (0: the router's default).
 	PrefillScale float64
-	// Routers is how many router processes each live policy run starts; requests
-	// go to them in turn. Ledger says whether they share load through the
-	// indexer (--ledger). Live mode only.
-	Routers int
-	Ledger  bool
+	// Routers is how many routers each policy run has (live: router processes;
+	// offline: simulated routers, each with its own reservations, overlay and
+	// session bindings); requests go to them in turn. Ledger says whether they
+	// share load, decisions and session bindings through the indexer (--ledger);
+	// offline, the ledger pushes every LedgerPush on the virtual clock.
+	Routers    int
+	Ledger     bool
+	LedgerPush time.Duration
 	// Progress draws a progress bar on stderr.
 	Progress bool
 	// Plots writes the PNG plots.
@@ -98,6 +101,7 @@ func DefaultConfig() Config {
 		TimeScale:  1,
 		Routers:    1,
 		Ledger:     true,
+		LedgerPush: 15 * time.Millisecond, // the indexer's --ledger-push-interval default
 		Progress:   true,
 		Plots:      true,
 	}
@@ -130,8 +134,8 @@ func (c *Config) Validate() error {
 		return invalid("--prefill-scale=%v must not be negative", c.PrefillScale)
 	case c.Routers < 1 || c.Routers > 64:
 		return invalid("--routers=%d must be between 1 and 64", c.Routers)
-	case c.Routers > 1 && c.Offline:
-		return invalid("--routers=%d is live mode only (the offline simulator runs one router)", c.Routers)
+	case c.LedgerPush <= 0:
+		return invalid("--ledger-push=%v must be > 0", c.LedgerPush)
 	case c.TimeScale < 0:
 		return invalid("--time-scale=%v must not be negative", c.TimeScale)
 	}
@@ -225,8 +229,9 @@ func ParseFlags(args []string, out io.Writer, lookup func(string) (string, bool)
 	fs.StringVar(&c.BinDir, "bin-dir", c.BinDir, "live: directory holding the fakeengine, indexer and router binaries")
 	fs.Float64Var(&c.TimeScale, "time-scale", c.TimeScale, "live: engines' --time-scale (simulated to wall time)")
 	fs.Float64Var(&c.PrefillScale, "prefill-scale", c.PrefillScale, "router --prefill-scale for the kv-aware variants (0: the router's default)")
-	fs.IntVar(&c.Routers, "routers", c.Routers, "live mode: router processes per policy run, requests sent to them in turn")
-	fs.BoolVar(&c.Ledger, "ledger", c.Ledger, "live mode: the routers share load through the indexer's ledger (router --ledger)")
+	fs.IntVar(&c.Routers, "routers", c.Routers, "routers per policy run, requests sent to them in turn (live: router processes; offline: simulated routers, each with its own load, overlay and sessions)")
+	fs.BoolVar(&c.Ledger, "ledger", c.Ledger, "the routers share load, decisions and session bindings through the indexer's ledger (router --ledger; offline: simulated pushes)")
+	fs.DurationVar(&c.LedgerPush, "ledger-push", c.LedgerPush, "offline: how often the simulated ledger pushes each router the others' load and decisions (the indexer's --ledger-push-interval)")
 	fs.BoolVar(&c.Progress, "progress", c.Progress, "draw a progress bar on stderr")
 	fs.BoolVar(&c.Plots, "plots", c.Plots, "write the PNG plots")
 	fs.Usage = envflag.Usage(fs, EnvPrefix, "usage: routebench [--offline] --trace NAME|mooncake:FILE --workers N --policies p1,p2,... [--requests N] [--rate R] [--seed S] --out DIR")

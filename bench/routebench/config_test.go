@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvindex/kvindex/internal/server"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -38,7 +40,9 @@ func TestParseFlags(t *testing.T) {
 		{"bad sweep rate", []string{"--offline", "--rates", "5,-1"}, nil, nil, "--rates"},
 		{"negative delay", []string{"--offline", "--event-delay", "-1s"}, nil, nil, "--event-delay"},
 		{"routers", []string{"--routers", "4", "--ledger=false", "--policies", "kv-aware"}, nil, func(c Config) bool { return c.Routers == 4 && !c.Ledger }, ""},
-		{"routers offline", []string{"--offline", "--routers", "4"}, nil, nil, "--routers=4 is live mode only"},
+		{"routers offline", []string{"--offline", "--routers", "4", "--ledger=false"}, nil, func(c Config) bool { return c.Offline && c.Routers == 4 && !c.Ledger }, ""},
+		{"ledger push", []string{"--offline", "--ledger-push", "40ms"}, nil, func(c Config) bool { return c.LedgerPush == 40*time.Millisecond }, ""},
+		{"bad ledger push", []string{"--offline", "--ledger-push", "0s"}, nil, nil, "--ledger-push=0s"},
 		{"no routers", []string{"--routers", "0", "--policies", "kv-aware"}, nil, nil, "--routers=0"},
 	}
 	for _, c := range cases {
@@ -66,7 +70,7 @@ func TestHelpNamesEveryFlagAndItsVariable(t *testing.T) {
 	if err == nil {
 		t.Fatal("--help returned no error")
 	}
-	for _, want := range []string{"--offline", "--trace", "--policies", "--slo-ttft", "--event-delay", "--quick", "KVINDEX_ROUTEBENCH_WORKERS"} {
+	for _, want := range []string{"--offline", "--trace", "--policies", "--slo-ttft", "--event-delay", "--quick", "--routers", "--ledger-push", "KVINDEX_ROUTEBENCH_WORKERS"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help does not mention %s", want)
 		}
@@ -95,5 +99,13 @@ func TestSummarize(t *testing.T) {
 		t.Fatalf("imbalance %v", r.Imbalance)
 	case r.Makespan != 0.2 || r.OutputTokS != 100:
 		t.Fatalf("makespan %v, output tok/s %v", r.Makespan, r.OutputTokS)
+	}
+}
+
+// TestLedgerPushIsTheIndexers: the simulated ledger pushes at the indexer's
+// default --ledger-push-interval, so an offline run models the real routers.
+func TestLedgerPushIsTheIndexers(t *testing.T) {
+	if got, want := DefaultConfig().LedgerPush, server.DefaultConfig().LedgerPushInterval; got != want {
+		t.Errorf("--ledger-push defaults to %v, the indexer pushes every %v", got, want)
 	}
 }

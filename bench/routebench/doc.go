@@ -13,6 +13,9 @@
 //     Ledger, the RecentDecisions overlay, ChooseOverlap) against a radix index
 //     fed the engines' KV events through ingest's OpBuilder and Applier, after an
 //     optional event delay. One process, no sockets: thousands of workers.
+//     --routers N simulates N routers over the one index, each with its own
+//     ledger, overlay and sessions, sharing them (--ledger) through simulated
+//     pushes of the indexer's load ledger.
 //   - Live (live.go): the fake-engine fleet, the indexer and the router run as
 //     real processes on real sockets; requests go through the router's OpenAI
 //     endpoint and the engines' usage.cached_tokens and simulated timings are read

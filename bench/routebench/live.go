@@ -360,11 +360,7 @@ func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate 
 	if err != nil {
 		return Row{}, fmt.Errorf("the indexer's CPU time: %w", err)
 	}
-	name := spec.name
-	if len(bases) > 1 {
-		name = fmt.Sprintf("%s/%d-routers-ledger-%v", spec.name, len(bases), f.cfg.Ledger)
-	}
-	row := summarize(tr.Name, name, "live", f.cfg.Workers, f.cfg.BlockSize, rate, outs, busy, f.cfg.SLOTTFT)
+	row := summarize(tr.Name, policyName(spec, f.cfg), "live", f.cfg.Workers, f.cfg.BlockSize, rate, outs, busy, f.cfg.SLOTTFT)
 	row.DecisionP50, row.DecisionP99 = f.overheadQuantiles(ctx, base)
 	row.IndexerCPUMs = float64(cpu1-cpu0) / float64(time.Millisecond) / float64(len(outs))
 	return row, nil

@@ -117,7 +117,16 @@ func runOffline(cfg *Config, spec policySpec, tr traces.Trace, rate float64, tic
 	for w, b := range s.busy {
 		busy[workerID(w)] = b
 	}
-	return summarize(tr.Name, spec.name, "offline", cfg.Workers, cfg.BlockSize, rate, outs, busy, cfg.SLOTTFT), nil
+	return summarize(tr.Name, policyName(spec, cfg), "offline", cfg.Workers, cfg.BlockSize, rate, outs, busy, cfg.SLOTTFT), nil
 }
 
 var _ = os.Stderr
+
+// policyName is a row's policy column: the policy, with the routers and the
+// ledger when more than one router ran it.
+func policyName(spec policySpec, cfg *Config) string {
+	if cfg.Routers > 1 {
+		return fmt.Sprintf("%s/%d-routers-ledger-%v", spec.name, cfg.Routers, cfg.Ledger)
+	}
+	return spec.name
+}

@@ -52,6 +52,7 @@ type simEvent struct {
 const (
 	evApply = iota // before arrivals at the same instant: an event that has arrived is visible
 	evStepDone
+	evPush // the shared ledger's push, before arrivals at the same instant, as evApply
 	evArrival
 )
 
@@ -125,15 +126,17 @@ type simulator struct {
 	ns       uint64
 
 	policy  router.Policy
-	ledger  *router.Ledger
-	recent  *router.RecentDecisions
 	workers []*router.Worker
 	targets []router.Target
 	byID    map[string]int
-	// sessions remembers each session's last worker (kv-aware's session bonus).
-	sessions map[string]int
-	// treeTokens is SGLang's approximate tree size per worker.
-	treeTokens []int
+	// routers are the simulated routers (--routers); request i enters through
+	// routers[i%len(routers)], as live mode sends requests to its routers in turn.
+	routers []*simRouter
+	// shared: the routers share load, decisions and session bindings through
+	// the indexer's ledger (--ledger with more than one router), pushed every
+	// cfg.LedgerPush on the virtual clock.
+	shared       bool
+	predictedTTL time.Duration
 	// timing is the engines' cost model (the oracle's TTFT estimate).
 	timing fakeengine.Timing
 
@@ -159,23 +162,24 @@ func newSimulator(cfg *Config, spec policySpec, tr traces.Trace) (*simulator, er
 	s := &simulator{cfg: cfg, spec: spec, tr: tr, rng: rand.New(rand.NewPCG(cfg.Seed, 0x726f757465)),
 		index: radix.New(radix.Config{}), decoder: wire.NewDecoder(1 << 30),
 		ns:   kvblock.Namespace{Model: simModel}.ID(),
-		byID: map[string]int{}, sessions: map[string]int{}, byReq: map[*fakeengine.SimRequest]int{},
+		byID: map[string]int{}, byReq: map[*fakeengine.SimRequest]int{},
 		reqs: make([]simRequest, len(tr.Requests)), done: make([]int, len(tr.Requests)),
 		stepping: make([]bool, cfg.Workers), busy: make([]time.Duration, cfg.Workers),
 		sinkBuf: make([][]*encodedBatch, cfg.Workers), submissions: make([][]submission, cfg.Workers),
-		treeTokens: make([]int, cfg.Workers),
+		shared: cfg.Routers > 1 && cfg.Ledger && spec.routerPolicy != "", predictedTTL: rcfg.PredictedTTL,
 	}
 	s.applier = ingest.NewApplier(s.index)
 	s.timing = engineConfig(cfg, 0).Timing
 	if spec.routerPolicy != "" {
 		s.policy = router.NewPolicy(rcfg)
 	}
-	s.ledger = router.NewLedger(rcfg.ReservationTTL, s.now)
 	approxTTL := rcfg.ApproxTTL
 	if spec.name == PolicySGLang {
 		approxTTL = 24 * time.Hour // SGLang's tree evicts by size (max_tree_size), never by age at these scales
 	}
-	s.recent = router.NewRecentDecisions(rcfg.PredictedTTL, approxTTL, rcfg.OverlayMaxBlocks)
+	for k := range max(cfg.Routers, 1) {
+		s.routers = append(s.routers, newSimRouter(k, rcfg, approxTTL, cfg.Workers, s.now))
+	}
 	for w := range cfg.Workers {
 		w := w
 		rk, err := fakeengine.NewSimRank(engineConfig(cfg, w), 0, func(seq int64, ev []fakeengine.Event) {
@@ -222,6 +226,9 @@ func (s *simulator) run() ([]outcome, error) {
 	for i := range s.tr.Requests {
 		s.push(&simEvent{at: s.tr.Requests[i].Arrival, kind: evArrival, i: i})
 	}
+	if s.shared {
+		s.push(&simEvent{at: s.cfg.LedgerPush, kind: evPush})
+	}
 	for s.queue.Len() > 0 {
 		e := heap.Pop(&s.queue).(*simEvent)
 		s.clock = e.at
@@ -236,6 +243,11 @@ func (s *simulator) run() ([]outcome, error) {
 			if err := s.apply(e.w, e.b); err != nil {
 				return nil, err
 			}
+		case evPush:
+			s.ledgerPush()
+			if s.queue.Len() > 0 { // pushes tick while anything else is left to happen
+				s.push(&simEvent{at: s.clock + s.cfg.LedgerPush, kind: evPush})
+			}
 		}
 	}
 	out := make([]outcome, len(s.reqs))
@@ -249,6 +261,7 @@ func (s *simulator) run() ([]outcome, error) {
 func (s *simulator) arrive(i int) error {
 	tr := &s.tr.Requests[i]
 	r := &s.reqs[i]
+	rt := s.routers[i%len(s.routers)]
 	r.arrival = tr.Arrival
 	r.promptTokens = len(tr.Prompt)
 	r.outputTokens = tr.OutputTokens
@@ -264,11 +277,11 @@ func (s *simulator) arrive(i int) error {
 	engReq := fakeengine.Request{Prompt: tr.Prompt, MaxTokens: tr.OutputTokens}
 
 	start, startCPU := time.Now(), threadCPUTime()
-	cands := s.candidates(route, engReq)
+	cands := s.candidates(rt, route, engReq)
 	var pick int
 	switch {
 	case s.spec.name == PolicySGLang:
-		pick = sglangPick(route, cands, s.treeTokens, s.rng.IntN)
+		pick = sglangPick(route, cands, rt.treeTokens, s.rng.IntN)
 	case s.spec.name == PolicyLLMD:
 		pick = llmdPick(route, cands, s.rng.IntN)
 	case s.spec.oracle:
@@ -278,14 +291,17 @@ func (s *simulator) arrive(i int) error {
 	}
 	w := s.byID[cands[pick].Worker.ID]
 	overlap := cands[pick].Overlap.Blocks()
-	r.res = s.ledger.Reserve(s.targets[w], router.Demand{Keys: keys, Cached: min(overlap, len(keys)), BlockSize: s.cfg.BlockSize,
+	r.res = rt.ledger.Reserve(s.targets[w], router.Demand{Keys: keys, Cached: min(overlap, len(keys)), BlockSize: s.cfg.BlockSize,
 		PromptTokens: len(tr.Prompt), OutputTokens: tr.OutputTokens, Prefill: true})
 	if s.spec.predicted || s.spec.approximate || s.spec.name == PolicySGLang {
-		s.recent.Record(keys, s.targets[w], s.now())
+		rt.recent.Record(keys, s.targets[w], s.now())
 	}
-	s.sessions[route.SessionKey] = w
+	rt.sessions[route.SessionKey] = w
+	if s.shared {
+		rt.outbox = append(rt.outbox, simDecision{keys: keys, w: w, session: route.SessionKey})
+	}
 	if s.spec.name == PolicySGLang {
-		s.treeTokens[w] += max(len(tr.Prompt)-overlap*s.cfg.BlockSize, 0)
+		rt.treeTokens[w] += max(len(tr.Prompt)-overlap*s.cfg.BlockSize, 0)
 	}
 	r.decision = time.Since(start)
 	r.decisionCPU = -1
@@ -324,8 +340,8 @@ func (s *simulator) arrive(i int) error {
 }
 
 // candidates lists every worker with its load, shared blocks and overlap as the
-// policy sees them.
-func (s *simulator) candidates(route *router.RouteRequest, engReq fakeengine.Request) []router.Candidate {
+// policy sees them through router rt.
+func (s *simulator) candidates(rt *simRouter, route *router.RouteRequest, engReq fakeengine.Request) []router.Candidate {
 	n := len(s.workers)
 	var indexed []router.Overlap
 	if s.spec.index {
@@ -343,19 +359,26 @@ func (s *simulator) candidates(route *router.RouteRequest, engReq fakeengine.Req
 		approx = make([]int, n)
 	}
 	if s.spec.predicted || approx != nil {
-		s.recent.Match(route.Keys, s.targets, s.now(), predicted, approx)
+		rt.recent.Match(route.Keys, s.targets, s.now(), predicted, approx)
 	}
 	if !s.spec.predicted {
 		clear(predicted)
 	}
-	lastWorker, hasSession := s.sessions[route.SessionKey]
+	lastWorker, hasSession := rt.sessions[route.SessionKey]
 	cands := make([]router.Candidate, n)
 	for w := range n {
 		c := &cands[w]
 		c.Worker = s.workers[w]
-		c.Load = s.ledger.Load(s.targets[w])
+		t := s.targets[w]
+		c.Load = rt.ledger.Load(t)
 		if c.Load.InFlight > 0 {
-			c.SharedActive, c.SharedPrefill = s.ledger.Shared(s.targets[w], route.Keys)
+			c.SharedActive, c.SharedPrefill = rt.ledger.Shared(t, route.Keys)
+		}
+		if remote := rt.remote[t]; remote != (router.Load{}) {
+			// The router's own load plus the others' as of the last push, and the
+			// prefix shared with theirs, as the router's refreshLoads counts them.
+			c.Load = router.AddLoad(c.Load, remote)
+			c.ShareRemote(remote, predicted[w], func() int { return rt.others.Shared(route.Keys, t, s.now()) }, route.BlockSize)
 		}
 		c.SessionBound = hasSession && lastWorker == w && s.spec.routerPolicy == router.PolicyKVAware
 		switch {
@@ -466,4 +489,79 @@ func (s *simulator) apply(w int, b *encodedBatch) error {
 		return fmt.Errorf("routebench: apply %s batch %d: %w", workerID(w), b.seq, res.FirstErr)
 	}
 	return nil
+}
+
+// simRouter is one simulated router's own state: its reservations, its recent
+// decisions (predicted overlay, approximate index), its session bindings, and
+// with the shared ledger what the last push brought of the other routers.
+type simRouter struct {
+	id       string
+	ledger   *router.Ledger
+	recent   *router.RecentDecisions
+	sessions map[string]int // each session's last worker (kv-aware's session bonus)
+	// treeTokens is SGLang's approximate tree size per worker (one tree per router).
+	treeTokens []int
+
+	// remote is the other routers' load per target as of the last push; nil
+	// without the shared ledger or before the first push.
+	remote map[router.Target]router.Load
+	// others holds the other routers' decisions per deciding router (counted
+	// by ShareRemote).
+	others *router.OtherRouters
+	// outbox is the decisions and bindings made since the last push.
+	outbox []simDecision
+}
+
+// simDecision is one decision reported to the ledger: the prompt's keys sent to
+// worker w, and the session bound to it.
+type simDecision struct {
+	keys    []uint64
+	w       int
+	session string
+}
+
+func newSimRouter(k int, rcfg router.Config, approxTTL time.Duration, workers int, now func() time.Time) *simRouter {
+	return &simRouter{id: "routebench-" + strconv.Itoa(k), ledger: router.NewLedger(rcfg.ReservationTTL, now),
+		recent:   router.NewRecentDecisions(rcfg.PredictedTTL, approxTTL, rcfg.OverlayMaxBlocks),
+		sessions: map[string]int{}, treeTokens: make([]int, workers),
+		others: router.NewOtherRouters(rcfg.PredictedTTL, rcfg.OverlayMaxBlocks)}
+}
+
+// ledgerPush is one push of the indexer's ledger to every router at once: each
+// router's load as of now (the ledger's per-router report), summed over the
+// other routers, becomes that router's remote view; the decisions and session
+// bindings each router made since the last push reach the others, with the
+// deciding router's predicted TTL, as the router's ledger client applies them.
+// The router's report interval is not modelled: a push sees the loads of its
+// own instant, so the simulated view is fresher than the real one by up to
+// one report interval (--ledger-interval, 10 ms by default).
+func (s *simulator) ledgerPush() {
+	loads := make([]map[router.Target]router.Load, len(s.routers))
+	for k, rt := range s.routers {
+		loads[k] = rt.ledger.Loads()
+	}
+	now := s.now()
+	for j, rt := range s.routers {
+		remote := map[router.Target]router.Load{}
+		for k, other := range s.routers {
+			if k == j {
+				continue
+			}
+			for t, l := range loads[k] {
+				remote[t] = router.AddLoad(remote[t], l)
+			}
+			for _, d := range other.outbox {
+				t := s.targets[d.w]
+				rt.recent.RecordFor(d.keys, t, now, s.predictedTTL)
+				rt.others.Record(other.id, d.keys, t, now, s.predictedTTL)
+				if d.session != "" {
+					rt.sessions[d.session] = d.w
+				}
+			}
+		}
+		rt.remote = remote
+	}
+	for _, rt := range s.routers {
+		rt.outbox = nil
+	}
 }

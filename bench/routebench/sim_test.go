@@ -185,19 +185,7 @@ func TestOfflineRunRepeatsExactly(t *testing.T) {
 	run := func(t *testing.T, policy string, seed uint64) Row {
 		cfg := smallConfig()
 		cfg.Seed = seed
-		tr, err := traces.Open("burst", traces.Options{Seed: 5, Requests: cfg.Requests, Rate: 40}, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		spec, err := specFor(policy)
-		if err != nil {
-			t.Fatal(err)
-		}
-		row, err := runOffline(&cfg, spec, tr, 40, func() {})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return simulated(row)
+		return simulated(offlineRow(t, cfg, "burst", policy))
 	}
 	for _, policy := range []string{"random", "power-of-two", "least-loaded", "kv-aware"} {
 		t.Run(policy, func(t *testing.T) {
@@ -210,4 +198,43 @@ func TestOfflineRunRepeatsExactly(t *testing.T) {
 	if a, b := run(t, "random", 7), run(t, "random", 8); reflect.DeepEqual(a, b) {
 		t.Errorf("seeds 7 and 8 gave the random policy the same run: the seed does not reach its choices")
 	}
+}
+
+// testTrace opens trace with the tests' seed and rate (40/s) and cfg.Requests.
+func testTrace(t *testing.T, cfg *Config, trace string) traces.Trace {
+	t.Helper()
+	tr, err := traces.Open(trace, traces.Options{Seed: 5, Requests: cfg.Requests, Rate: 40}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// offlineRow runs policy on testTrace(trace) offline.
+func offlineRow(t *testing.T, cfg Config, trace, policy string) Row {
+	t.Helper()
+	spec, err := specFor(policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row, err := runOffline(&cfg, spec, testTrace(t, &cfg, trace), 40, func() {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return row
+}
+
+// testSim returns a simulator of policy on testTrace(trace), not yet run.
+func testSim(t *testing.T, cfg *Config, trace, policy string) (*simulator, traces.Trace) {
+	t.Helper()
+	tr := testTrace(t, cfg, trace)
+	spec, err := specFor(policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newSimulator(cfg, spec, tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, tr
 }

@@ -49,16 +49,13 @@ type fleetLedger struct {
 	lastPush  atomic.Int64 // unix nanoseconds of the last view received
 	downSince atomic.Int64 // unix nanoseconds the stream was lost; 0 while up or never up
 
-	// others remembers the other routers' recent decisions per deciding router
-	// (Target.Worker is "<worker>\x00<router id>"), to count a prefix they share
-	// with a request once per router, as each router's load counts it.
-	others *overlay
+	// others remembers the other routers' recent decisions per deciding router.
+	others *OtherRouters
 
 	mu        sync.Mutex
 	predicted []*kvindexv1.PredictedPrefix // guarded by mu; bounded
 	sessions  []*kvindexv1.SessionBinding  // guarded by mu; bounded
 	conns     map[string]*grpc.ClientConn  // guarded by mu
-	routers   map[string]bool              // other routers seen deciding; guarded by mu
 }
 
 // maxOutbox bounds the decisions and bindings waiting to be reported.
@@ -75,30 +72,18 @@ func (f *fleetLedger) remoteLoad(t Target) Load {
 	return Load{}
 }
 
-func addLoad(a, b Load) Load {
+// AddLoad is a + b (this router's load plus the others').
+func AddLoad(a, b Load) Load {
 	return Load{InFlight: a.InFlight + b.InFlight, PrefillTokens: a.PrefillTokens + b.PrefillTokens, DecodeBlocks: a.DecodeBlocks + b.DecodeBlocks}
 }
 
 // sharedByOthers is how many of keys' leading blocks the other routers' recent
-// decisions sent to t, summed over the routers: each router's reported load
-// counts such a shared prefix once.
+// decisions sent to t, summed over the routers (OtherRouters.Shared).
 func (f *fleetLedger) sharedByOthers(keys []uint64, t Target) int {
-	if f == nil || len(keys) == 0 {
+	if f == nil {
 		return 0
 	}
-	f.mu.Lock()
-	ids := make([]Target, 0, len(f.routers))
-	for id := range f.routers {
-		ids = append(ids, Target{Worker: t.Worker + "\x00" + id, Rank: t.Rank})
-	}
-	f.mu.Unlock()
-	matched := make([]int, len(ids))
-	f.others.Match(keys, ids, f.r.now(), matched, nil)
-	n := 0
-	for _, m := range matched {
-		n += m
-	}
-	return n
+	return f.others.Shared(keys, t, f.r.now())
 }
 
 // queue records a decision and a session binding for the other routers.
@@ -320,12 +305,7 @@ func (f *fleetLedger) receive(stream kvindexv1.LoadService_ReportClient) error {
 			// differently (0 holds no longer).
 			ttl := time.Duration(p.TtlMs) * time.Millisecond
 			f.r.recent.RecordFor(p.Keys, Target{Worker: p.Worker, Rank: p.DpRank}, now, ttl)
-			f.others.RecordFor(p.Keys, Target{Worker: p.Worker + "\x00" + p.RouterId, Rank: p.DpRank}, now, ttl)
-			f.mu.Lock()
-			if len(f.routers) < maxOutbox {
-				f.routers[p.RouterId] = true
-			}
-			f.mu.Unlock()
+			f.others.Record(p.RouterId, p.Keys, Target{Worker: p.Worker, Rank: p.DpRank}, now, ttl)
 		}
 		for _, s := range resp.Sessions {
 			f.r.sessions.setFor(s.Key, s.Worker, now, time.Duration(s.TtlMs)*time.Millisecond)

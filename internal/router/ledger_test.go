@@ -160,7 +160,7 @@ func TestBurstAcrossRoutersCoLocates(t *testing.T) {
 			}
 			matched := make([]int, len(targets))
 			waitFor(t, 10*time.Second, fmt.Sprintf("%s to hear of sibling %d from %s", o.cfg.RouterID, i, from.cfg.RouterID), func() bool {
-				o.shared.others.Match(p.route.Keys, targets, o.now(), matched, nil)
+				o.shared.others.o.Match(p.route.Keys, targets, o.now(), matched, nil)
 				return slices.Contains(matched, len(p.route.Keys))
 			})
 		}

@@ -287,15 +287,7 @@ func (r *Router) refreshLoads(route *RouteRequest, cands []Candidate, excluded *
 			continue
 		}
 		c.SharedActive, c.SharedPrefill = r.ledger.Shared(t, route.Keys)
-		if remote := r.shared.remoteLoad(t); remote != (Load{}) && c.predicted > 0 {
-			// Other routers' load carries no block keys, but their recent decisions
-			// do: the prefix this request shares with them is counted in their load
-			// once per deciding router (at most what they hold), so a burst split
-			// over routers co-locates as it does through one.
-			others := r.shared.sharedByOthers(route.Keys, t)
-			c.SharedActive += min(others, remote.DecodeBlocks)
-			c.SharedPrefill += min(others, remote.PrefillTokens/route.BlockSize)
-		}
+		c.ShareRemote(r.shared.remoteLoad(t), c.predicted, func() int { return r.shared.sharedByOthers(route.Keys, t) }, route.BlockSize)
 		kept = append(kept, c)
 	}
 	if len(kept) == 0 {

@@ -140,8 +140,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 				id = fmt.Sprintf("%s-%d", host, os.Getpid())
 			}
 			r.shared = &fleetLedger{r: r, id: id, addrs: cfg.Indexer, token: cfg.IndexerToken, interval: cfg.LedgerInterval, tls: opts.TLS,
-				conns: map[string]*grpc.ClientConn{}, routers: map[string]bool{},
-				others: newOverlay(cfg.PredictedTTL, cfg.PredictedTTL, cfg.OverlayMaxBlocks)}
+				conns: map[string]*grpc.ClientConn{}, others: NewOtherRouters(cfg.PredictedTTL, cfg.OverlayMaxBlocks)}
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_router_ledger_staleness_seconds",
 				Help: "Age of the fleet view this router uses (time since the ledger's last push); -1 while disconnected."}, r.shared.staleness))
 		}
@@ -198,7 +197,7 @@ func (r *Router) wireMetrics() {
 // loadOf is the load on t that decisions use: this router's own plus, with the
 // ledger, every other router's.
 func (r *Router) loadOf(t Target) Load {
-	return addLoad(r.ledger.Load(t), r.shared.remoteLoad(t))
+	return AddLoad(r.ledger.Load(t), r.shared.remoteLoad(t))
 }
 
 // refreshFleetInflight sets kvindex_router_worker_inflight{scope="fleet"}: per
