@@ -52,14 +52,29 @@ type fleetLedger struct {
 	// others remembers the other routers' recent decisions per deciding router.
 	others *OtherRouters
 
-	mu        sync.Mutex
-	predicted []*kvindexv1.PredictedPrefix // guarded by mu; bounded
-	sessions  []*kvindexv1.SessionBinding  // guarded by mu; bounded
-	conns     map[string]*grpc.ClientConn  // guarded by mu
+	mu            sync.Mutex
+	predicted     []queued[*kvindexv1.PredictedPrefix] // guarded by mu; bounded
+	predictedKeys int                                  // keys held in predicted; guarded by mu
+	sessions      []queued[*kvindexv1.SessionBinding]  // guarded by mu; bounded
+	conns         map[string]*grpc.ClientConn          // guarded by mu
 }
 
-// maxOutbox bounds the decisions and bindings waiting to be reported.
-const maxOutbox = 4096
+// The outbox (decisions and bindings waiting to be reported) keeps the newest
+// maxOutbox entries of each kind and at most maxOutboxKeys predicted block keys
+// (8 MiB, as the leader's queue per router), so a router cut off from the
+// indexer holds a bounded amount whatever its prompts.
+const (
+	maxOutbox     = 4096
+	maxOutboxKeys = 1 << 20
+)
+
+// queued is an outbox entry and when it was queued: its TTL is sent as what
+// is left of it, so a decision that waited (the stream down, an election) is
+// not taken as fresh by the other routers, and an expired one is not sent.
+type queued[T any] struct {
+	msg T
+	at  time.Time
+}
 
 // remoteLoad is the other routers' load on t (zero without the ledger).
 func (f *fleetLedger) remoteLoad(t Target) Load {
@@ -91,33 +106,61 @@ func (f *fleetLedger) queue(keys []uint64, t Target, sessionKey string, predicte
 	if f == nil {
 		return
 	}
+	now := f.r.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(keys) > 0 {
-		f.predicted = appendBounded(f.predicted, &kvindexv1.PredictedPrefix{Worker: t.Worker, DpRank: t.Rank, Keys: keys,
-			TtlMs: uint32(predictedTTL / time.Millisecond), RouterId: f.id})
+		f.predicted = append(f.predicted, queued[*kvindexv1.PredictedPrefix]{at: now, msg: &kvindexv1.PredictedPrefix{
+			Worker: t.Worker, DpRank: t.Rank, Keys: keys, TtlMs: uint32(predictedTTL / time.Millisecond), RouterId: f.id}})
+		f.predictedKeys += len(keys)
+		drop := 0
+		for len(f.predicted)-drop > maxOutbox || (f.predictedKeys > maxOutboxKeys && len(f.predicted)-drop > 1) {
+			f.predictedKeys -= len(f.predicted[drop].msg.Keys)
+			drop++
+		}
+		f.predicted = append(f.predicted[:0], f.predicted[drop:]...)
 	}
 	if sessionKey != "" {
-		f.sessions = appendBounded(f.sessions, &kvindexv1.SessionBinding{Key: sessionKey, Worker: t.Worker,
-			TtlMs: uint32(sessionTTL / time.Millisecond)})
+		f.sessions = append(f.sessions, queued[*kvindexv1.SessionBinding]{at: now, msg: &kvindexv1.SessionBinding{
+			Key: sessionKey, Worker: t.Worker, TtlMs: uint32(sessionTTL / time.Millisecond)}})
+		if over := len(f.sessions) - maxOutbox; over > 0 {
+			f.sessions = append(f.sessions[:0], f.sessions[over:]...)
+		}
 	}
 }
 
-// appendBounded appends v and keeps the newest maxOutbox entries.
-func appendBounded[T any](q []T, v T) []T {
-	q = append(q, v)
-	if over := len(q) - maxOutbox; over > 0 {
-		q = append(q[:0], q[over:]...)
-	}
-	return q
-}
-
+// takeOutbox empties the outbox, with each entry's TTL cut by the time it
+// waited; entries whose TTL ran out meanwhile are dropped.
 func (f *fleetLedger) takeOutbox() ([]*kvindexv1.PredictedPrefix, []*kvindexv1.SessionBinding) {
+	now := f.r.now()
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	p, s := f.predicted, f.sessions
-	f.predicted, f.sessions = nil, nil
-	return p, s
+	f.predicted, f.sessions, f.predictedKeys = nil, nil, 0
+	f.mu.Unlock()
+	var pred []*kvindexv1.PredictedPrefix
+	for _, q := range p {
+		if left, ok := ttlLeft(q.msg.TtlMs, now.Sub(q.at)); ok {
+			q.msg.TtlMs = left
+			pred = append(pred, q.msg)
+		}
+	}
+	var sess []*kvindexv1.SessionBinding
+	for _, q := range s {
+		if left, ok := ttlLeft(q.msg.TtlMs, now.Sub(q.at)); ok {
+			q.msg.TtlMs = left
+			sess = append(sess, q.msg)
+		}
+	}
+	return pred, sess
+}
+
+// ttlLeft is what remains of a TTL of ttlMs after waited, and false if nothing.
+func ttlLeft(ttlMs uint32, waited time.Duration) (uint32, bool) {
+	left := time.Duration(ttlMs)*time.Millisecond - waited
+	if left < time.Millisecond {
+		return 0, false
+	}
+	return uint32(left / time.Millisecond), true
 }
 
 func (f *fleetLedger) conn(addr string) (*grpc.ClientConn, error) {

@@ -393,3 +393,44 @@ func counterValue(t *testing.T, ix *indexer, name string) float64 {
 	}
 	return total
 }
+
+// The outbox sends what is left of each TTL: a decision that waited while the
+// stream was down is not taken as fresh, and one that expired is not sent.
+// It holds at most maxOutboxKeys predicted keys, dropping the oldest.
+func TestLedgerOutboxSendsTheTTLLeftAndIsBoundedInKeys(t *testing.T) {
+	clk := newFakeClock()
+	f := &fleetLedger{r: &Router{now: clk.Now}, id: "r1"}
+	a, b := Target{Worker: "a"}, Target{Worker: "b"}
+	f.queue([]uint64{1, 2}, a, "s1", 10*time.Second, 30*time.Second)
+	clk.Advance(4 * time.Second)
+	f.queue([]uint64{3}, b, "s2", 2*time.Second, 30*time.Second)
+	clk.Advance(3 * time.Second) // a: 3 s of 10 left; b's 2 s ran out
+	pred, sess := f.takeOutbox()
+	if len(pred) != 1 || pred[0].Worker != "a" || pred[0].TtlMs != 3000 {
+		t.Errorf("predictions sent %v, want only a's with 3000 ms left", pred)
+	}
+	if len(sess) != 2 || sess[0].TtlMs != 23000 || sess[1].TtlMs != 27000 {
+		t.Errorf("bindings sent %v, want s1 with 23000 ms and s2 with 27000 ms left", sess)
+	}
+	if pred, sess := f.takeOutbox(); len(pred)+len(sess) != 0 {
+		t.Errorf("the outbox still held %v %v after it was taken", pred, sess)
+	}
+
+	// A few huge prompts: the keys stay within the bound, the newest kept.
+	long := make([]uint64, maxOutboxKeys/3+1)
+	for i := range 5 {
+		f.queue(long, Target{Worker: fmt.Sprint(i)}, "", time.Minute, 0)
+		if f.predictedKeys > maxOutboxKeys {
+			t.Fatalf("outbox holds %d keys after %d prompts, bound %d", f.predictedKeys, i+1, maxOutboxKeys)
+		}
+	}
+	pred, _ = f.takeOutbox()
+	if len(pred) != 2 || pred[0].Worker != "3" || pred[1].Worker != "4" {
+		t.Errorf("kept %d predictions (%v...), want the newest two", len(pred), pred[0].Worker)
+	}
+	// A single prompt over the bound is still reported (it is not held long).
+	f.queue(make([]uint64, maxOutboxKeys+1), a, "", time.Minute, 0)
+	if pred, _ := f.takeOutbox(); len(pred) != 1 {
+		t.Errorf("a prompt of more than maxOutboxKeys keys was dropped")
+	}
+}
