@@ -2,14 +2,12 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,24 +16,8 @@ import (
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
+	"github.com/kvindex/kvindex/internal/logbuf"
 )
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 func startEngine(t *testing.T) *fakeengine.Engine {
 	t.Helper()
@@ -46,7 +28,7 @@ func startEngine(t *testing.T) *fakeengine.Engine {
 // and gRPC address, read from its JSON startup log line.
 func startIndexer(t *testing.T, args ...string) (base, grpcAddr string) {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	dataDir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -263,7 +245,7 @@ func TestSecondIndexerJoinsTheFirst(t *testing.T) {
 
 func TestHelpDocumentsBothCommands(t *testing.T) {
 	for _, args := range [][]string{{"--help"}, {"relay", "--help"}} {
-		var out syncBuffer
+		var out logbuf.Buffer
 		if err := run(context.Background(), args, io.Discard, &out); err != nil {
 			t.Errorf("%v: %v", args, err)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvindex/kvindex/internal/ingest/wire"
 	"github.com/kvindex/kvindex/internal/kvblock"
+	"github.com/kvindex/kvindex/internal/logbuf"
 	"github.com/kvindex/kvindex/internal/radix"
 )
 
@@ -140,7 +141,7 @@ func TestLocalSinkAppliesInOrderWithBackPressure(t *testing.T) {
 }
 
 func TestRateLimitedLogLogsOncePerIntervalAndCountsTheRest(t *testing.T) {
-	var buf syncBuffer
+	var buf logbuf.Buffer
 	l := newRateLimitedLog(slog.New(slog.NewTextHandler(&buf, nil)), time.Minute)
 	now := time.Unix(1000, 0)
 	l.now = func() time.Time { return now }

@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 	"github.com/kvindex/kvindex/internal/kvblock"
+	"github.com/kvindex/kvindex/internal/logbuf"
 	"github.com/kvindex/kvindex/internal/radix"
 	"github.com/kvindex/kvindex/internal/workerspec"
 )
@@ -31,7 +31,7 @@ type pipeline struct {
 	sink    *LocalSink
 	mgr     *Manager
 	reg     *prometheus.Registry
-	logs    *syncBuffer
+	logs    *logbuf.Buffer
 
 	cancel  context.CancelFunc
 	sinkErr chan error
@@ -64,7 +64,7 @@ func startPipeline(t *testing.T, cfg ManagerConfig) *pipeline {
 
 func newPipeline(t *testing.T, cfg ManagerConfig) *pipeline {
 	t.Helper()
-	p := &pipeline{t: t, index: radix.New(radix.Config{}), reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	p := &pipeline{t: t, index: radix.New(radix.Config{}), reg: prometheus.NewRegistry(), logs: &logbuf.Buffer{}}
 	logger := slog.New(slog.NewTextHandler(p.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	p.applier = NewApplier(p.index)
 	var err error
@@ -197,24 +197,6 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // engineConfig is a small fake vLLM engine that never sleeps, binds its HTTP, PUB

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"bytes"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -10,12 +9,12 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvindex/kvindex/internal/logbuf"
 	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
@@ -131,30 +130,12 @@ func TestDocumentedMetricsAreRegistered(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink the router's goroutines may write to concurrently.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // Every routed request is explained and measured: with --log-level debug one
 // RouteDecision line names the worker that served it and every candidate's
 // cost terms, the overhead histogram counts it once, and /healthz answers.
 func TestDecisionIsLoggedAndMeasured(t *testing.T) {
 	f := startFleet(t, 2, nil)
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	rt := startRouterWith(t, testConfig(t, f), func(r *Router) {
 		r.log = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})

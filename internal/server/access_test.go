@@ -7,10 +7,10 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/logbuf"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -190,7 +190,7 @@ func TestListenersBeyondLoopbackWithoutTLSAreWarnedAbout(t *testing.T) {
 			case "--http-addr":
 				cfg.HTTPAddr = "0.0.0.0:0"
 			}
-			logs := &lockedBuffer{}
+			logs := &logbuf.Buffer{}
 			srv, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)))
 			if err != nil {
 				t.Fatal(err)
@@ -211,22 +211,4 @@ func TestListenersBeyondLoopbackWithoutTLSAreWarnedAbout(t *testing.T) {
 			}
 		})
 	}
-}
-
-// lockedBuffer is a log destination safe for concurrent writers.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -23,6 +23,7 @@ import (
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/kvblock"
+	"github.com/kvindex/kvindex/internal/logbuf"
 	"github.com/kvindex/kvindex/internal/radix"
 )
 
@@ -267,7 +268,7 @@ func ptr[T any](v T) *T { return &v }
 func TestStalledDumpReaderFreesTheSlot(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.HTTPWriteTimeout = 500 * time.Millisecond
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	srv, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
