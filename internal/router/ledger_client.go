@@ -118,7 +118,9 @@ func (f *fleetLedger) queue(keys []uint64, t Target, sessionKey string, predicte
 			f.predictedKeys -= len(f.predicted[drop].msg.Keys)
 			drop++
 		}
-		f.predicted = append(f.predicted[:0], f.predicted[drop:]...)
+		if drop > 0 {
+			f.predicted = append(f.predicted[:0], f.predicted[drop:]...)
+		}
 	}
 	if sessionKey != "" {
 		f.sessions = append(f.sessions, queued[*kvindexv1.SessionBinding]{at: now, msg: &kvindexv1.SessionBinding{
@@ -137,30 +139,22 @@ func (f *fleetLedger) takeOutbox() ([]*kvindexv1.PredictedPrefix, []*kvindexv1.S
 	p, s := f.predicted, f.sessions
 	f.predicted, f.sessions, f.predictedKeys = nil, nil, 0
 	f.mu.Unlock()
-	var pred []*kvindexv1.PredictedPrefix
-	for _, q := range p {
-		if left, ok := ttlLeft(q.msg.TtlMs, now.Sub(q.at)); ok {
-			q.msg.TtlMs = left
-			pred = append(pred, q.msg)
-		}
-	}
-	var sess []*kvindexv1.SessionBinding
-	for _, q := range s {
-		if left, ok := ttlLeft(q.msg.TtlMs, now.Sub(q.at)); ok {
-			q.msg.TtlMs = left
-			sess = append(sess, q.msg)
-		}
-	}
-	return pred, sess
+	return unexpired(p, now, func(m *kvindexv1.PredictedPrefix) *uint32 { return &m.TtlMs }),
+		unexpired(s, now, func(m *kvindexv1.SessionBinding) *uint32 { return &m.TtlMs })
 }
 
-// ttlLeft is what remains of a TTL of ttlMs after waited, and false if nothing.
-func ttlLeft(ttlMs uint32, waited time.Duration) (uint32, bool) {
-	left := time.Duration(ttlMs)*time.Millisecond - waited
-	if left < time.Millisecond {
-		return 0, false
+// unexpired returns the messages of q whose TTL (in milliseconds, at ttlMs) has
+// not run out by now, each with its TTL cut to what is left.
+func unexpired[T any](q []queued[T], now time.Time, ttlMs func(T) *uint32) []T {
+	var out []T
+	for _, e := range q {
+		ttl := ttlMs(e.msg)
+		if left := time.Duration(*ttl)*time.Millisecond - now.Sub(e.at); left >= time.Millisecond {
+			*ttl = uint32(left / time.Millisecond)
+			out = append(out, e.msg)
+		}
 	}
-	return uint32(left / time.Millisecond), true
+	return out
 }
 
 func (f *fleetLedger) conn(addr string) (*grpc.ClientConn, error) {
