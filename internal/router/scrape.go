@@ -48,6 +48,12 @@ func scrapeOnce(ctx context.Context, hc *http.Client, w *Worker) (map[uint32]Eng
 	if err != nil {
 		return nil, err
 	}
+	return engineLoads(families, w.Ranks), nil
+}
+
+// engineLoads reads the per-rank loads of a worker with ranks dp ranks out of
+// its parsed /metrics.
+func engineLoads(families map[string]*dto.MetricFamily, ranks uint32) map[uint32]EngineLoad {
 	out := map[uint32]EngineLoad{}
 	for name, set := range map[string]func(*EngineLoad, float64){
 		"vllm:num_requests_waiting": func(l *EngineLoad, v float64) { l.Waiting += int(v) },
@@ -55,9 +61,9 @@ func scrapeOnce(ctx context.Context, hc *http.Client, w *Worker) (map[uint32]Eng
 		"vllm:kv_cache_usage_perc":  func(l *EngineLoad, v float64) { l.KVUsage = max(l.KVUsage, v) },
 	} {
 		for _, m := range families[name].GetMetric() {
-			if rank, _ := seriesRank(m); rank < w.Ranks {
+			if rank, _ := seriesRank(m); rank < ranks {
 				l := out[rank]
-				set(&l, m.GetGauge().GetValue())
+				set(&l, gaugeValue(m))
 				out[rank] = l
 			}
 		}
@@ -75,14 +81,23 @@ func scrapeOnce(ctx context.Context, hc *http.Client, w *Worker) (map[uint32]Eng
 			continue
 		}
 		rank, ranked := seriesRank(m)
-		for r := range w.Ranks {
+		for r := range ranks {
 			if l, ok := out[r]; ok && (r == rank || !ranked) {
 				l.GPUBlocks = blocks
 				out[r] = l
 			}
 		}
 	}
-	return out, nil
+	return out
+}
+
+// gaugeValue is a gauge's value; a series exposed without a # TYPE line parses
+// as untyped, and its value counts the same.
+func gaugeValue(m *dto.Metric) float64 {
+	if m.Untyped != nil {
+		return m.GetUntyped().GetValue()
+	}
+	return m.GetGauge().GetValue()
 }
 
 // seriesRank is the dp rank a series is labelled with (engine="<rank>"), and
