@@ -326,8 +326,10 @@ func DecodeEntry(data []byte) (Entry, error) {
 // The hash and key lists of a stream-batches entry are cut from one slab sized
 // by the entry (an entry is mostly those lists), and the ops from a few slabs of
 // doubling size: a handful of allocations per entry instead of up to three per
-// op, on every replica's apply path. The cut slices are capacity-capped, so appending to one cannot write
-// into its neighbour.
+// op, on every replica's apply path. The cut slices are capacity-capped, so
+// appending to one cannot write into its neighbour; holding one keeps the whole
+// entry's slab alive, so a consumer that keeps lists past the apply copies them
+// (the change feed does).
 type entryDecoder struct {
 	data     []byte
 	err      error
