@@ -59,8 +59,9 @@ func oneLeader(t *testing.T, c *testCluster, minTerm float64) (*clusterNode, flo
 // kvindex_raft_applied_index is its backend's AppliedIndex (read while that
 // holds still), the commit index is not behind it, all three voters are
 // known, and kvindex_raft_last_contact_seconds is 0 on the leader and, on a
-// follower, the time since raft's own LastContact, bracketed by clock reads
-// around the scrape.
+// follower, the time since raft's own LastContact, bracketed by clock reads and
+// LastContact reads around the scrape (heartbeats move LastContact on; under a
+// loaded CPU a scrape can outlast the heartbeat interval every time).
 func checkMember(t *testing.T, cn *clusterNode, leader bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -77,10 +78,10 @@ func checkMember(t *testing.T, cn *clusterNode, leader bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if before != cn.srv.backend.AppliedIndex() || !st.LastContact.Equal(st2.LastContact) {
-			// an entry was applied or a heartbeat arrived during the scrape: again
+		if before != cn.srv.backend.AppliedIndex() {
+			// an entry was applied during the scrape: again
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: applied index or last contact never held still for a scrape", cn.id)
+				t.Fatalf("%s: applied index never held still for a scrape", cn.id)
 			}
 			time.Sleep(time.Millisecond)
 			continue
@@ -97,8 +98,10 @@ func checkMember(t *testing.T, cn *clusterNode, leader bool) {
 		if st.LastContact.IsZero() {
 			t.Fatalf("%s: a follower of a working cluster never heard from the leader", cn.id)
 		}
-		if lo, hi := from.Sub(st.LastContact).Seconds(), to.Sub(st.LastContact).Seconds(); g.contact < lo || g.contact > hi {
-			t.Errorf("%s: last contact %vs, want within [%v, %v] (raft's LastContact %v)", cn.id, g.contact, lo, hi, st.LastContact)
+		// The scrape read LastContact somewhere between the two Cluster calls and
+		// the clock somewhere between from and to.
+		if lo, hi := from.Sub(st2.LastContact).Seconds(), to.Sub(st.LastContact).Seconds(); g.contact < lo || g.contact > hi {
+			t.Errorf("%s: last contact %vs, want within [%v, %v] (raft's LastContact %v, then %v)", cn.id, g.contact, lo, hi, st.LastContact, st2.LastContact)
 		}
 		return
 	}
