@@ -1,6 +1,8 @@
 package server
 
 import (
+	"fmt"
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -12,6 +14,13 @@ import (
 // keep-alive connections of the tests' own HTTP clients belong to net/http's
 // pool, not to the server, and are left out.
 func TestMain(m *testing.M) {
+	if jobFile := os.Getenv(benchClientEnv); jobFile != "" {
+		if err := runBenchClient(jobFile); err != nil {
+			fmt.Fprintln(os.Stderr, "bench client:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	goleak.VerifyTestMain(stopBenchServer{m},
 		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"))
