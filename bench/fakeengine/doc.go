@@ -39,6 +39,9 @@
 // engine each rank's step loop owns its cache and queues and holds the rank's mutex
 // for a whole step; readers (CacheTruth, ResetPrefixCache, restarts) take it
 // between steps, so they always see a state consistent with the events enqueued.
+// A step enqueues its batch before it answers the requests that finished in it
+// (vLLM publishes a step's events before it returns the step's outputs), so
+// Flush after a Generate returned covers that request's blocks.
 // Each ZMQ socket is used by exactly one goroutine. Lock order: rank.mu before
 // rank.inboxMu; ranks in index order.
 package fakeengine

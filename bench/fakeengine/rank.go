@@ -150,8 +150,15 @@ func (rk *rank) step() {
 		return
 	}
 	rk.simNow += d
-	rk.complete(&w)
+	finished := rk.complete(&w)
+	// The step's batch is handed on before its finished requests are answered,
+	// as vLLM's scheduler publishes a step's events before it returns the
+	// step's outputs: whoever sees a request finish can Flush and find its
+	// blocks announced.
 	rk.publishPending()
+	for _, r := range finished {
+		rk.end(r, nil)
+	}
 	rk.updateGauges()
 }
 
@@ -387,8 +394,9 @@ func (rk *rank) blockMeta(r *request, i int) blockMeta {
 }
 
 // complete applies the end of a step: first tokens of finished prefills and
-// transfers, one token per decode, and finished requests leave.
-func (rk *rank) complete(w *stepWork) {
+// transfers, one token per decode, and finished requests leave the batch and
+// free their blocks; it returns them, for step to answer.
+func (rk *rank) complete(w *stepWork) (finished []*request) {
 	for _, r := range w.prefill {
 		if r.computed == r.promptLen {
 			rk.emitToken(r)
@@ -405,9 +413,10 @@ func (rk *rank) complete(w *stepWork) {
 			return true
 		}
 		rk.release(r)
-		rk.end(r, nil)
+		finished = append(finished, r)
 		return false
 	})
+	return finished
 }
 
 func (rk *rank) emitToken(r *request) {
