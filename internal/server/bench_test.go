@@ -52,6 +52,7 @@ type benchEnv struct {
 	srv       *Server
 	tokName   string
 	prefixes  [][]uint32 // token ids of the shared prefixes (8k tokens each)
+	keys      [][]uint64 // their local block keys, as the router computes them
 	texts     []string   // their texts
 	stop      func()
 	conn      *grpc.ClientConn
@@ -126,6 +127,7 @@ func setupBench() (*benchEnv, error) {
 	for p, ids := range env.prefixes {
 		prefixKeys[p] = kvblock.AppendLocalHashes(nil, ids, benchBlock, "")
 	}
+	env.keys = prefixKeys
 	hashes := make([]uint64, benchSeqBlocks)
 	keys := make([]uint64, benchSeqBlocks)
 	for w := range benchWorkers {
@@ -226,8 +228,9 @@ func runClients(b *testing.B, clients int, call func(i int) error) {
 }
 
 // BenchmarkScore measures Score over gRPC and REST (POST /kv-cache/hit-rate)
-// with token ids and text, 2k- and 8k-token prompts, and 1, 8 and 32
-// concurrent clients.
+// with token ids and text, and QueryByHash over gRPC with the prompt's local
+// block keys as the router sends them ("hashes": matched workers only), for 2k-
+// and 8k-token prompts and 1, 8 and 32 concurrent clients.
 //
 //	go test -run '^$' -bench BenchmarkScore -benchtime 2000x ./internal/server/
 func BenchmarkScore(b *testing.B) {
@@ -260,8 +263,11 @@ func BenchmarkScore(b *testing.B) {
 			}
 			textQueries[p] = text[:lo]
 		}
-		for _, input := range []string{"tokens", "text-" + env.tokName} {
+		for _, input := range []string{"tokens", "text-" + env.tokName, "hashes"} {
 			for _, api := range []string{"grpc", "rest"} {
+				if input == "hashes" && api == "rest" {
+					continue // QueryByHash is gRPC only
+				}
 				bodies := make([][]byte, benchPrefixes)
 				for p := range benchPrefixes {
 					req := map[string]any{"model": benchModel, "token_ids": tokenQueries[p]}
@@ -274,6 +280,16 @@ func BenchmarkScore(b *testing.B) {
 					b.Run(fmt.Sprintf("%s/%s/%dk/clients=%d", api, input, size/1024, clients), func(b *testing.B) {
 						runClients(b, clients, func(i int) error {
 							p := i % benchPrefixes
+							if input == "hashes" {
+								resp, err := idx.QueryByHash(context.Background(), &kvindexv1.QueryByHashRequest{
+									Model: benchModel, BlockHashes: env.keys[p][:size/benchBlock],
+									HashKind: kvindexv1.BlockHashKind_BLOCK_HASH_KIND_LOCAL, MatchedOnly: true,
+								})
+								if err == nil && (len(resp.Scores) == 0 || resp.Scores[0].MatchedBlocks == 0) {
+									err = fmt.Errorf("query %d matched nothing", p)
+								}
+								return err
+							}
 							if api == "grpc" {
 								req := &kvindexv1.ScoreRequest{Model: benchModel, TokenIds: tokenQueries[p]}
 								if input != "tokens" {
