@@ -15,10 +15,15 @@ type synthStream struct {
 	stream   ingest.Stream
 	rng      *rand.Rand
 	seq      uint64
-	held     []uint64 // engine hashes held, any order
+	held     []heldBlock // any order
 	next     uint64   // next engine hash
 	capacity int
 	ns       uint64
+}
+
+type heldBlock struct {
+	hash uint64
+	tier radix.Tier
 }
 
 func newSynthStream(s ingest.Stream, seed uint64, capacity int) *synthStream {
@@ -46,12 +51,12 @@ func (g *synthStream) batch(blocks int) ingest.StreamBatch {
 		}
 		op := ingest.Op{Kind: ingest.OpStored, Namespace: g.ns, Tier: radix.Tier(g.rng.IntN(2))}
 		if len(g.held) > 0 && g.rng.IntN(4) != 0 {
-			op.HasParent, op.Parent = true, g.held[g.rng.IntN(len(g.held))]
+			op.HasParent, op.Parent = true, g.held[g.rng.IntN(len(g.held))].hash
 		}
 		for range n {
 			op.Hashes = append(op.Hashes, g.next)
 			op.Keys = append(op.Keys, g.rng.Uint64()%1024) // few keys: chains share nodes
-			g.held = append(g.held, g.next)
+			g.held = append(g.held, heldBlock{g.next, op.Tier})
 			g.next++
 		}
 		b.Ops = append(b.Ops, op)
@@ -60,12 +65,19 @@ func (g *synthStream) batch(blocks int) ingest.StreamBatch {
 }
 
 func (g *synthStream) remove(b *ingest.StreamBatch, n int) {
-	op := ingest.Op{Kind: ingest.OpRemoved, Tier: radix.Tier(g.rng.IntN(2))}
+	// One BlockRemoved per tier, as vLLM reports each medium's evictions.
+	var ops [2]ingest.Op
 	for range min(n, len(g.held)) {
 		i := g.rng.IntN(len(g.held))
-		op.Hashes = append(op.Hashes, g.held[i])
+		op := &ops[g.held[i].tier]
+		op.Hashes = append(op.Hashes, g.held[i].hash)
 		g.held[i] = g.held[len(g.held)-1]
 		g.held = g.held[:len(g.held)-1]
 	}
-	b.Ops = append(b.Ops, op)
+	for tier, op := range ops {
+		if len(op.Hashes) > 0 {
+			op.Kind, op.Tier = ingest.OpRemoved, radix.Tier(tier)
+			b.Ops = append(b.Ops, op)
+		}
+	}
 }
