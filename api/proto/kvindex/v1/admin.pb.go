@@ -555,7 +555,10 @@ type ClusterResponse struct {
 	NodeId string `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// SHA-256 (hex) of the answering node's index at digest_applied_index (see
 	// StatsResponse.index_digest).
-	IndexDigest        string `protobuf:"bytes,7,opt,name=index_digest,json=indexDigest,proto3" json:"index_digest,omitempty"`
+	IndexDigest string `protobuf:"bytes,7,opt,name=index_digest,json=indexDigest,proto3" json:"index_digest,omitempty"`
+	// Raft log index index_digest was taken at; it trails applied_index when
+	// the node answered with its last digest (it computes one at a time, at
+	// most so often).
 	DigestAppliedIndex uint64 `protobuf:"varint,8,opt,name=digest_applied_index,json=digestAppliedIndex,proto3" json:"digest_applied_index,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
@@ -665,7 +668,8 @@ type ClusterMember struct {
 	// The member's index digest at digest_applied_index, as the member reports
 	// it (empty if it did not answer): members at the same digest_applied_index
 	// must have the same digest.
-	IndexDigest        string `protobuf:"bytes,7,opt,name=index_digest,json=indexDigest,proto3" json:"index_digest,omitempty"`
+	IndexDigest string `protobuf:"bytes,7,opt,name=index_digest,json=indexDigest,proto3" json:"index_digest,omitempty"`
+	// Raft log index the member's index_digest was taken at.
 	DigestAppliedIndex uint64 `protobuf:"varint,8,opt,name=digest_applied_index,json=digestAppliedIndex,proto3" json:"digest_applied_index,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
