@@ -16,7 +16,7 @@ type synthStream struct {
 	rng      *rand.Rand
 	seq      uint64
 	held     []heldBlock // any order
-	next     uint64   // next engine hash
+	next     uint64      // next engine hash
 	capacity int
 	ns       uint64
 }
