@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/kvindex/kvindex/bench/fakeengine"
 )
 
@@ -74,11 +72,7 @@ func TestNATSReplayHeaderMustBeAllowed(t *testing.T) {
 	cfg.NATSURL = url
 	cfg.ReplayAllow = []string{"tcp://10.0.0.*:5558"}
 	p := startPipeline(t, cfg)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	send := natsPublisher(t, url)
 	notAllowed := func() float64 {
 		return p.counter("kvindex_ingest_decode_errors_total", map[string]string{"source": "nats", "reason": "replay_not_allowed"})
 	}
@@ -91,14 +85,8 @@ func TestNATSReplayHeaderMustBeAllowed(t *testing.T) {
 		{"tcp://10.0.0.7:5558", false},
 	} {
 		worker := fmt.Sprintf("pod-%d", i)
-		msg := &nats.Msg{Subject: Subject(cfg.NATSSubjectPrefix, worker, 0), Data: validPayload(t), Header: nats.Header{}}
-		msg.Header.Set(HeaderSeq, "0")
-		msg.Header.Set(HeaderModel, "m")
-		msg.Header.Set(HeaderReplay, c.replay)
 		before := notAllowed()
-		if err := nc.PublishMsg(msg); err != nil {
-			t.Fatal(err)
-		}
+		send(Subject(cfg.NATSSubjectPrefix, worker, 0), validPayload(t), HeaderSeq, "0", HeaderModel, "m", HeaderReplay, c.replay)
 		waitFor(t, worker+"'s batch applied", func() bool { _, ok := p.applier.Cursor(Stream{Worker: worker}); return ok })
 		if counted := notAllowed() > before; counted != c.refused {
 			t.Errorf("Kv-Replay %q: counted as not allowed = %v, want %v", c.replay, counted, c.refused)
@@ -118,18 +106,9 @@ func TestNATSDiscoveryIsBounded(t *testing.T) {
 	cfg.DiscoverAllow = []string{"pod-*"}
 	cfg.MaxDiscoveredWorkers = 1
 	p := startPipeline(t, cfg)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	send := natsPublisher(t, url)
 	publish := func(worker string) {
-		msg := &nats.Msg{Subject: Subject(cfg.NATSSubjectPrefix, worker, 0), Data: validPayload(t), Header: nats.Header{}}
-		msg.Header.Set(HeaderSeq, "0")
-		msg.Header.Set(HeaderModel, "m")
-		if err := nc.PublishMsg(msg); err != nil {
-			t.Fatal(err)
-		}
+		send(Subject(cfg.NATSSubjectPrefix, worker, 0), validPayload(t), HeaderSeq, "0", HeaderModel, "m")
 	}
 	refused := func(reason string) float64 {
 		return p.counter("kvindex_ingest_decode_errors_total", map[string]string{"source": "nats", "reason": reason})

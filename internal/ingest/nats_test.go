@@ -30,6 +30,28 @@ func startNATS(t *testing.T) string {
 	return s.ClientURL()
 }
 
+// natsPublisher connects to the NATS server at url for the test and returns a
+// function that publishes data on subject with headers (name, value pairs), as
+// a publishing engine does.
+func natsPublisher(t *testing.T, url string) func(subject string, data []byte, headers ...string) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return func(subject string, data []byte, headers ...string) {
+		t.Helper()
+		msg := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
+		for i := 0; i+1 < len(headers); i += 2 {
+			msg.Header.Set(headers[i], headers[i+1])
+		}
+		if err := nc.PublishMsg(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // startRelay relays an engine's every rank to NATS as worker until the test ends.
 func startRelay(t *testing.T, url, worker, model string, e *fakeengine.Engine) {
 	t.Helper()
@@ -114,11 +136,7 @@ func TestNATSGapWithoutReplayDropsTheWorkersBlocks(t *testing.T) {
 	cfg.NATSURL = url
 	cfg.NATSSubjectPrefix = "infera.kv.events"
 	p := startPipeline(t, cfg)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	send := natsPublisher(t, url)
 
 	const model = "m"
 	stored := func(hash uint64, tokens ...uint32) fakeengine.Event {
@@ -130,14 +148,11 @@ func TestNATSGapWithoutReplayDropsTheWorkersBlocks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		msg := &nats.Msg{Subject: subject, Data: payload, Header: nats.Header{}}
+		headers := []string{HeaderModel, model}
 		if seq != "" {
-			msg.Header.Set("kv-seq", seq) // any case
+			headers = append(headers, "kv-seq", seq) // any case
 		}
-		msg.Header.Set(HeaderModel, model)
-		if err := nc.PublishMsg(msg); err != nil {
-			t.Fatal(err)
-		}
+		send(subject, payload, headers...)
 	}
 	subject := Subject(cfg.NATSSubjectPrefix, "pod-1", 0)
 	ns := kvblock.Namespace{Model: model}.ID()
