@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
@@ -83,16 +82,14 @@ func BenchmarkScoreFromAnotherProcess(b *testing.B) {
 	if len(res.LatencyMicros) != b.N {
 		b.Fatalf("client process measured %d requests, want %d", len(res.LatencyMicros), b.N)
 	}
-	lat := res.LatencyMicros
-	slices.Sort(lat)
-	pct := func(p float64) float64 { return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))]) }
-	var total int64
-	for _, l := range lat {
-		total += l
+	lat := make([]time.Duration, len(res.LatencyMicros))
+	var total time.Duration
+	for i, us := range res.LatencyMicros {
+		lat[i] = time.Duration(us) * time.Microsecond
+		total += lat[i]
 	}
-	b.ReportMetric(pct(0.50), "p50-µs")
-	b.ReportMetric(pct(0.99), "p99-µs")
-	b.ReportMetric(float64(b.N)/(time.Duration(total)*time.Microsecond).Seconds(), "req/s")
+	reportLatencies(b, lat)
+	b.ReportMetric(float64(b.N)/total.Seconds(), "req/s")
 	b.ReportMetric(float64(serverCPU.Microseconds())/float64(b.N), "server-cpu-µs/req")
 	b.ReportMetric(float64(res.CPUMicros)/float64(b.N), "client-cpu-µs/req")
 	b.ReportMetric(0, "ns/op")

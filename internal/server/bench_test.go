@@ -215,16 +215,22 @@ func runClients(b *testing.B, clients int, call func(i int) error) {
 	if firstErr != nil {
 		b.Fatal(firstErr)
 	}
-	slices.Sort(lat)
-	pct := func(p float64) float64 { return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) }
-	b.ReportMetric(pct(0.50), "p50-µs")
-	b.ReportMetric(pct(0.99), "p99-µs")
+	reportLatencies(b, lat)
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
 	// CPU time of the whole process (clients, server, GC) per request: on a
 	// shared machine it varies far less than latency, which measures the
 	// other jobs as much as this code.
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/req")
 	b.ReportMetric(0, "ns/op")
+}
+
+// reportLatencies reports the median and 99th percentile of lat (sorted in
+// place), in microseconds.
+func reportLatencies(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	pct := func(p float64) float64 { return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))].Microseconds()) }
+	b.ReportMetric(pct(0.50), "p50-µs")
+	b.ReportMetric(pct(0.99), "p99-µs")
 }
 
 // BenchmarkScore measures Score over gRPC and REST (POST /kv-cache/hit-rate)
