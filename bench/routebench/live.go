@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/traces"
+	"github.com/kvindex/kvindex/internal/cputime"
 )
 
 // fleet is the live mode's processes: one fakeengine per worker and the indexer,
@@ -323,7 +324,7 @@ func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate 
 	}
 	base := bases[0]
 
-	cpu0, err := procCPU(f.indexer.cmd.Process.Pid)
+	cpu0, err := cputime.Of(f.indexer.cmd.Process.Pid)
 	if err != nil {
 		return Row{}, fmt.Errorf("the indexer's CPU time: %w", err)
 	}
@@ -356,7 +357,7 @@ func (f *fleet) run(ctx context.Context, spec policySpec, tr traces.Trace, rate 
 		}()
 	}
 	wg.Wait()
-	cpu1, err := procCPU(f.indexer.cmd.Process.Pid)
+	cpu1, err := cputime.Of(f.indexer.cmd.Process.Pid)
 	if err != nil {
 		return Row{}, fmt.Errorf("the indexer's CPU time: %w", err)
 	}

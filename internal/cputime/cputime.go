@@ -1,6 +1,7 @@
-// Package cputime reads the CPU time this process has used, for benchmarks that
-// report CPU per unit of work next to wall-clock figures: on a shared machine
-// the CPU a piece of work costs varies far less than how long it takes.
+// Package cputime reads the CPU time this process (Process) or another one (Of)
+// has used, for benchmarks that report CPU per unit of work next to wall-clock
+// figures: on a shared machine the CPU a piece of work costs varies far less
+// than how long it takes.
 // It is safe for concurrent use.
 package cputime
 

@@ -1,4 +1,4 @@
-package routebench
+package cputime
 
 import (
 	"fmt"
@@ -12,11 +12,10 @@ import (
 // on every architecture Go supports there (the kernel fixes it for userspace).
 const clockTicks = 100
 
-// procCPU is the user + system CPU time process pid has used so far, read from
-// /proc/<pid>/stat (Linux only). The live mode reads it of the indexer to report
-// the indexer's CPU per request, whose difference with and without --ledger is
-// what the leader spends on the routers' shared ledger.
-func procCPU(pid int) (time.Duration, error) {
+// Of is the user + system CPU time process pid has used so far, read from
+// /proc/<pid>/stat (Linux only): for a benchmark that measures another
+// process, as routebench's live mode measures the indexer it started.
+func Of(pid int) (time.Duration, error) {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err

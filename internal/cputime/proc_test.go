@@ -1,4 +1,4 @@
-package routebench
+package cputime
 
 import (
 	"os"
@@ -6,10 +6,10 @@ import (
 	"time"
 )
 
-// procCPU reads this process's CPU time, which grows while it computes; a pid
-// that does not exist is an error.
-func TestProcCPU(t *testing.T) {
-	before, err := procCPU(os.Getpid())
+// Of reads this process's CPU time, which grows while it computes; a pid that
+// does not exist is an error.
+func TestOfGrowsWithWork(t *testing.T) {
+	before, err := Of(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -18,7 +18,7 @@ func TestProcCPU(t *testing.T) {
 		for range 1 << 20 {
 			x = x*6364136223846793005 + 1442695040888963407
 		}
-		now, err := procCPU(os.Getpid())
+		now, err := Of(os.Getpid())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -32,7 +32,7 @@ func TestProcCPU(t *testing.T) {
 			t.Fatalf("CPU time stayed %v through 30s of computing (%d)", before, x)
 		}
 	}
-	if _, err := procCPU(1 << 30); err == nil {
-		t.Error("procCPU of a pid that does not exist: no error")
+	if _, err := Of(1 << 30); err == nil {
+		t.Error("Of a pid that does not exist: no error")
 	}
 }
