@@ -30,8 +30,9 @@ import (
 // Server is one indexer: a member of a raft cluster (of one, by default) whose
 // replicated state is the index, the stream cursors and the worker registry.
 // It serves the API (gRPC on --grpc-addr, REST on --http-addr, and with
-// --probe-addr health and metrics in plain HTTP) over a raftBackend; while it leads, its ingest Manager follows the engines and
-// proposes their events to the log.
+// --probe-addr health and metrics in plain HTTP) over a raftBackend; while it
+// leads, its ingest Manager follows the engines and proposes their events to
+// the log.
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
