@@ -52,21 +52,17 @@ type fleetLedger struct {
 	// others remembers the other routers' recent decisions per deciding router.
 	others *OtherRouters
 
-	mu            sync.Mutex
+	mu sync.Mutex
+	// The outbox (decisions and bindings waiting to be reported) keeps the
+	// newest kvindexv1.LedgerMaxQueued entries of each kind and at most
+	// LedgerMaxQueuedKeys predicted block keys, as the leader's queue per
+	// router, so a router cut off from the indexer holds a bounded amount
+	// whatever its prompts.
 	predicted     []queued[*kvindexv1.PredictedPrefix] // guarded by mu; bounded
 	predictedKeys int                                  // keys held in predicted; guarded by mu
 	sessions      []queued[*kvindexv1.SessionBinding]  // guarded by mu; bounded
 	conns         map[string]*grpc.ClientConn          // guarded by mu
 }
-
-// The outbox (decisions and bindings waiting to be reported) keeps the newest
-// maxOutbox entries of each kind and at most maxOutboxKeys predicted block keys
-// (8 MiB, as the leader's queue per router), so a router cut off from the
-// indexer holds a bounded amount whatever its prompts.
-const (
-	maxOutbox     = 4096
-	maxOutboxKeys = 1 << 20
-)
 
 // queued is an outbox entry and when it was queued: its TTL is sent as what
 // is left of it, so a decision that waited (the stream down, an election) is
@@ -110,11 +106,14 @@ func (f *fleetLedger) queue(keys []uint64, t Target, sessionKey string, predicte
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(keys) > 0 {
+		// The leader refuses a report with a longer prediction (and the stream
+		// with it); the leading blocks are the ones other prompts share.
+		keys = keys[:min(len(keys), kvindexv1.LedgerMaxPredictionKeys)]
 		f.predicted = append(f.predicted, queued[*kvindexv1.PredictedPrefix]{at: now, msg: &kvindexv1.PredictedPrefix{
 			Worker: t.Worker, DpRank: t.Rank, Keys: keys, TtlMs: uint32(predictedTTL / time.Millisecond), RouterId: f.id}})
 		f.predictedKeys += len(keys)
 		drop := 0
-		for len(f.predicted)-drop > maxOutbox || (f.predictedKeys > maxOutboxKeys && len(f.predicted)-drop > 1) {
+		for len(f.predicted)-drop > kvindexv1.LedgerMaxQueued || f.predictedKeys > kvindexv1.LedgerMaxQueuedKeys {
 			f.predictedKeys -= len(f.predicted[drop].msg.Keys)
 			drop++
 		}
@@ -125,7 +124,7 @@ func (f *fleetLedger) queue(keys []uint64, t Target, sessionKey string, predicte
 	if sessionKey != "" {
 		f.sessions = append(f.sessions, queued[*kvindexv1.SessionBinding]{at: now, msg: &kvindexv1.SessionBinding{
 			Key: sessionKey, Worker: t.Worker, TtlMs: uint32(sessionTTL / time.Millisecond)}})
-		if over := len(f.sessions) - maxOutbox; over > 0 {
+		if over := len(f.sessions) - kvindexv1.LedgerMaxQueued; over > 0 {
 			f.sessions = append(f.sessions[:0], f.sessions[over:]...)
 		}
 	}

@@ -416,21 +416,26 @@ func TestLedgerOutboxSendsTheTTLLeftAndIsBoundedInKeys(t *testing.T) {
 		t.Errorf("the outbox still held %v %v after it was taken", pred, sess)
 	}
 
-	// A few huge prompts: the keys stay within the bound, the newest kept.
-	long := make([]uint64, maxOutboxKeys/3+1)
-	for i := range 5 {
+	// A prompt longer than the leader accepts in one prediction is reported cut
+	// to its leading keys (sent whole, the leader would refuse the report).
+	long := make([]uint64, kvindexv1.LedgerMaxPredictionKeys+5)
+	for i := range long {
+		long[i] = uint64(i)
+	}
+	f.queue(long, a, "", time.Minute, 0)
+	if pred, _ := f.takeOutbox(); len(pred) != 1 || !slices.Equal(pred[0].Keys, long[:kvindexv1.LedgerMaxPredictionKeys]) {
+		t.Errorf("a prompt of %d keys was not sent as its first %d", len(long), kvindexv1.LedgerMaxPredictionKeys)
+	}
+	// Many long prompts: the keys stay within the bound, the newest kept.
+	perPrompt := kvindexv1.LedgerMaxQueuedKeys / kvindexv1.LedgerMaxPredictionKeys
+	for i := range perPrompt + 3 {
 		f.queue(long, Target{Worker: fmt.Sprint(i)}, "", time.Minute, 0)
-		if f.predictedKeys > maxOutboxKeys {
-			t.Fatalf("outbox holds %d keys after %d prompts, bound %d", f.predictedKeys, i+1, maxOutboxKeys)
+		if f.predictedKeys > kvindexv1.LedgerMaxQueuedKeys {
+			t.Fatalf("outbox holds %d keys after %d prompts, bound %d", f.predictedKeys, i+1, kvindexv1.LedgerMaxQueuedKeys)
 		}
 	}
 	pred, _ = f.takeOutbox()
-	if len(pred) != 2 || pred[0].Worker != "3" || pred[1].Worker != "4" {
-		t.Errorf("kept %d predictions (%v...), want the newest two", len(pred), pred[0].Worker)
-	}
-	// A single prompt over the bound is still reported (it is not held long).
-	f.queue(make([]uint64, maxOutboxKeys+1), a, "", time.Minute, 0)
-	if pred, _ := f.takeOutbox(); len(pred) != 1 {
-		t.Errorf("a prompt of more than maxOutboxKeys keys was dropped")
+	if len(pred) != perPrompt || pred[0].Worker != "3" || pred[len(pred)-1].Worker != fmt.Sprint(perPrompt+2) {
+		t.Errorf("kept %d predictions from %s on, want the newest %d", len(pred), pred[0].Worker, perPrompt)
 	}
 }

@@ -71,7 +71,7 @@ type ledgerRouter struct {
 	leaseUntil time.Time
 	predicted  []*kvindexv1.PredictedPrefix // queued for this router
 	// predictedKeys is the number of keys in predicted, bounded by
-	// maxLedgerQueuedKeys.
+	// kvindexv1.LedgerMaxQueuedKeys.
 	predictedKeys int
 	sessions      []*kvindexv1.SessionBinding // queued for this router
 }
@@ -79,12 +79,10 @@ type ledgerRouter struct {
 // Bounds of what one router can make the leader hold.
 const (
 	maxLedgerTargetsPerReport = 1 << 16
-	maxLedgerQueue            = 4096 // predictions or bindings queued per router
-	maxLedgerKeys             = 1 << 16
-	// maxLedgerQueuedKeys bounds the keys of the predictions queued per router
-	// (8 MiB): 4096 predictions of a long prompt's keys would be gigabytes, held
-	// for a router whose stream is slow or gone.
-	maxLedgerQueuedKeys = 1 << 20
+	// The queues per router and the keys of one prediction are bounded by
+	// kvindexv1.LedgerMaxQueued, LedgerMaxQueuedKeys (8 MiB: 4096 predictions of
+	// a long prompt's keys would be gigabytes, held for a router whose stream is
+	// slow or gone) and LedgerMaxPredictionKeys, which the routers keep to.
 )
 
 // ErrLedgerFull: more routers than --ledger-max-routers.
@@ -227,7 +225,7 @@ func validateReport(rep *kvindexv1.ReportRequest) error {
 		}
 	}
 	for _, p := range rep.Predicted {
-		if len(p.Keys) > maxLedgerKeys || p.Worker == "" || len(p.Worker) > MaxNameBytes || len(p.RouterId) > MaxNameBytes {
+		if len(p.Keys) > kvindexv1.LedgerMaxPredictionKeys || p.Worker == "" || len(p.Worker) > MaxNameBytes || len(p.RouterId) > MaxNameBytes {
 			return invalidArg("a predicted prefix with %d keys for worker %q", len(p.Keys), p.Worker)
 		}
 	}
@@ -269,8 +267,8 @@ func (l *loadLedger) applyLocked(id string, r *ledgerRouter, rep *kvindexv1.Repo
 	l.wakeLocked()
 }
 
-// queuePredicted queues ps for r, keeping the newest maxLedgerQueue predictions
-// and at most maxLedgerQueuedKeys keys (one prediction has fewer, so the newest
+// queuePredicted queues ps for r, keeping the newest LedgerMaxQueued
+// predictions and at most LedgerMaxQueuedKeys keys (one prediction has fewer, so the newest
 // always stays).
 func (r *ledgerRouter) queuePredicted(ps []*kvindexv1.PredictedPrefix) {
 	for _, p := range ps {
@@ -278,7 +276,7 @@ func (r *ledgerRouter) queuePredicted(ps []*kvindexv1.PredictedPrefix) {
 		r.predictedKeys += len(p.Keys)
 	}
 	drop := 0
-	for len(r.predicted)-drop > maxLedgerQueue || r.predictedKeys > maxLedgerQueuedKeys {
+	for len(r.predicted)-drop > kvindexv1.LedgerMaxQueued || r.predictedKeys > kvindexv1.LedgerMaxQueuedKeys {
 		r.predictedKeys -= len(r.predicted[drop].Keys)
 		drop++
 	}
@@ -287,10 +285,10 @@ func (r *ledgerRouter) queuePredicted(ps []*kvindexv1.PredictedPrefix) {
 	}
 }
 
-// appendBounded appends and keeps the newest maxLedgerQueue entries.
+// appendBounded appends and keeps the newest LedgerMaxQueued entries.
 func appendBounded[T any](q, add []T) []T {
 	q = append(q, add...)
-	if over := len(q) - maxLedgerQueue; over > 0 {
+	if over := len(q) - kvindexv1.LedgerMaxQueued; over > 0 {
 		q = append(q[:0], q[over:]...)
 	}
 	return q

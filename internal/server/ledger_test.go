@@ -417,8 +417,8 @@ func TestLedgerBoundsQueuedPredictions(t *testing.T) {
 		n, keys   int // predictions sent, keys each
 		wantCount int
 	}{
-		{"few keys: the count bound", maxLedgerQueue + 100, 4, maxLedgerQueue},
-		{"long prompts: the key bound", 40, maxLedgerKeys, maxLedgerQueuedKeys / maxLedgerKeys},
+		{"few keys: the count bound", kvindexv1.LedgerMaxQueued + 100, 4, kvindexv1.LedgerMaxQueued},
+		{"long prompts: the key bound", 40, kvindexv1.LedgerMaxPredictionKeys, kvindexv1.LedgerMaxQueuedKeys / kvindexv1.LedgerMaxPredictionKeys},
 		{"under both", 10, 100, 10},
 	} {
 		t.Run(c.name, func(t *testing.T) {
