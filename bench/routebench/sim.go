@@ -524,7 +524,7 @@ func newSimRouter(k int, rcfg router.Config, approxTTL time.Duration, workers in
 	return &simRouter{id: "routebench-" + strconv.Itoa(k), ledger: router.NewLedger(rcfg.ReservationTTL, now),
 		recent:   router.NewRecentDecisions(rcfg.PredictedTTL, approxTTL, rcfg.OverlayMaxBlocks),
 		sessions: map[string]int{}, treeTokens: make([]int, workers),
-		others: router.NewOtherRouters(rcfg.PredictedTTL, rcfg.OverlayMaxBlocks)}
+		others: router.NewOtherRouters(rcfg.ApproxTTL, rcfg.OverlayMaxBlocks)}
 }
 
 // ledgerPush is one push of the indexer's ledger to every router at once: each

@@ -21,7 +21,9 @@
 //   - load.go: the load ledger: per worker and dp rank in-flight requests, uncached
 //     prefill tokens (dispatch -> first byte) and decode blocks (dispatch -> end),
 //     held by Reservations that exactly one owner releases. ledger_client.go shares
-//     it with the other routers through the indexer leader (--ledger).
+//     it with the other routers through the indexer leader (--ledger); others.go
+//     keeps their recent decisions, to count a prefix shared with their load once
+//     per deciding router (Candidate.ShareRemote).
 //   - breaker.go: the per-worker circuit breaker (closed, open, half-open probe).
 //   - route.go: one decision: pools (model, LoRA, role) -> filters (breaker,
 //     --max-pending, busy thresholds; every exclusion with its reason) -> overlaps

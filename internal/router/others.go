@@ -3,6 +3,8 @@ package router
 import (
 	"sync"
 	"time"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 )
 
 // OtherRouters remembers the other routers' recent decisions (reached through
@@ -13,25 +15,32 @@ import (
 // count shared prefixes with this code. Safe for concurrent use.
 type OtherRouters struct {
 	// o holds each decision under Target.Worker "<worker>\x00<router id>".
-	o *overlay
+	o      *overlay
+	maxTTL time.Duration
 
-	mu      sync.Mutex
-	routers map[string]bool // routers seen deciding; guarded by mu; bounded by maxOutbox
+	mu sync.Mutex
+	// routers are the routers seen deciding, each until its latest decision
+	// expires (a restarted router comes back under a new id; the old one goes
+	// with its decisions); guarded by mu; at most kvindexv1.LedgerMaxQueued.
+	routers map[string]time.Time
 }
 
-// NewOtherRouters returns an empty store bounded to maxMarks marks, whose
-// entries expire after ttl unless Record says otherwise.
-func NewOtherRouters(ttl time.Duration, maxMarks int) *OtherRouters {
-	return &OtherRouters{o: newOverlay(ttl, ttl, maxMarks), routers: map[string]bool{}}
+// NewOtherRouters returns an empty store bounded to maxMarks marks, which keeps
+// a decision for the TTL its router sent, at most maxTTL (the router's
+// --approx-ttl, as its predicted overlay keeps the same decisions).
+func NewOtherRouters(maxTTL time.Duration, maxMarks int) *OtherRouters {
+	return &OtherRouters{o: newOverlay(maxTTL, maxTTL, maxMarks), maxTTL: maxTTL, routers: map[string]time.Time{}}
 }
 
 // Record notes that router sent the prompt's chained keys to t at now, for ttl
 // (the deciding router's predicted TTL).
 func (x *OtherRouters) Record(router string, keys []uint64, t Target, now time.Time, ttl time.Duration) {
 	x.o.RecordFor(keys, x.target(t, router), now, ttl)
+	until := now.Add(min(ttl, x.maxTTL))
 	x.mu.Lock()
-	if len(x.routers) < maxOutbox {
-		x.routers[router] = true
+	last, known := x.routers[router]
+	if known && until.After(last) || !known && len(x.routers) < kvindexv1.LedgerMaxQueued {
+		x.routers[router] = until
 	}
 	x.mu.Unlock()
 }
@@ -48,7 +57,11 @@ func (x *OtherRouters) Shared(keys []uint64, t Target, now time.Time) int {
 	}
 	x.mu.Lock()
 	ids := make([]Target, 0, len(x.routers))
-	for id := range x.routers {
+	for id, until := range x.routers {
+		if until.Before(now) {
+			delete(x.routers, id) // every decision of it has expired
+			continue
+		}
 		ids = append(ids, x.target(t, id))
 	}
 	x.mu.Unlock()

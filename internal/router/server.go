@@ -140,7 +140,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 				id = fmt.Sprintf("%s-%d", host, os.Getpid())
 			}
 			r.shared = &fleetLedger{r: r, id: id, addrs: cfg.Indexer, token: cfg.IndexerToken, interval: cfg.LedgerInterval, tls: opts.TLS,
-				conns: map[string]*grpc.ClientConn{}, others: NewOtherRouters(cfg.PredictedTTL, cfg.OverlayMaxBlocks)}
+				conns: map[string]*grpc.ClientConn{}, others: NewOtherRouters(cfg.ApproxTTL, cfg.OverlayMaxBlocks)}
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvindex_router_ledger_staleness_seconds",
 				Help: "Age of the fleet view this router uses (time since the ledger's last push); -1 while disconnected."}, r.shared.staleness))
 		}
