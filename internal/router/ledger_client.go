@@ -117,15 +117,18 @@ func (f *fleetLedger) queue(keys []uint64, t Target, sessionKey string, predicte
 			f.predictedKeys -= len(f.predicted[drop].msg.Keys)
 			drop++
 		}
-		if drop > 0 {
-			f.predicted = append(f.predicted[:0], f.predicted[drop:]...)
-		}
+		// Moving the start, not the entries: while the stream is down every
+		// decision drops one, and appending reallocates (copying only what is
+		// kept) once the backing array's end is reached.
+		clear(f.predicted[:drop])
+		f.predicted = f.predicted[drop:]
 	}
 	if sessionKey != "" {
 		f.sessions = append(f.sessions, queued[*kvindexv1.SessionBinding]{at: now, msg: &kvindexv1.SessionBinding{
 			Key: sessionKey, Worker: t.Worker, TtlMs: uint32(sessionTTL / time.Millisecond)}})
 		if over := len(f.sessions) - kvindexv1.LedgerMaxQueued; over > 0 {
-			f.sessions = append(f.sessions[:0], f.sessions[over:]...)
+			clear(f.sessions[:over])
+			f.sessions = f.sessions[over:]
 		}
 	}
 }
