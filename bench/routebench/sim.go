@@ -552,7 +552,7 @@ func (s *simulator) ledgerPush() {
 			}
 			for _, d := range other.outbox {
 				t := s.targets[d.w]
-				rt.recent.RecordFor(d.keys, t, now, s.predictedTTL)
+				rt.recent.Record(d.keys, t, now) // for --router-predicted-ttl, the same in every simulated router
 				rt.others.Record(other.id, d.keys, t, now, s.predictedTTL)
 				if d.session != "" {
 					rt.sessions[d.session] = d.w

@@ -65,10 +65,3 @@ func ChooseOverlap(indexed Overlap, indexOK bool, predicted, approx int) Overlap
 	}
 	return o
 }
-
-// RecordFor notes that t was sent the prompt's chained keys now, to be predicted
-// for ttl rather than the store's horizon: another router's decision, which
-// holds for as long as that router said (the ledger's pushes do this).
-func (r *RecentDecisions) RecordFor(keys []uint64, t Target, now time.Time, ttl time.Duration) {
-	r.o.RecordFor(keys, t, now, ttl)
-}
