@@ -168,7 +168,7 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 	route.dryRun = dryRun
 	d := &Decision{Policy: r.policy.Name()}
 	if route.DirectWorker != "" {
-		return r.decideDirect(p, d, dryRun, agg, prePool, decPool)
+		return r.decideDirect(p, d, agg, prePool, decPool)
 	}
 	serve := agg
 	if decPool != nil {
@@ -225,7 +225,7 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 	if (r.cfg.Policy == PolicySession && route.SessionKey != "") || (r.cfg.Policy == PolicyPrefixHash && route.PrefixKey != "") {
 		d.Source = SourceSession // without a key, the least-loaded candidate was taken: the overlap's source stands
 	}
-	if !dryRun {
+	if !route.dryRun {
 		r.reserve(d, route)
 		r.beginProbes(d)
 	}
@@ -364,7 +364,7 @@ func (r *Router) markSession(route *RouteRequest, cands []Candidate) {
 }
 
 // decideDirect dispatches to the workers the direct-mode headers name.
-func (r *Router) decideDirect(p *prepared, d *Decision, dryRun bool, pools ...*pool) (*Decision, error) {
+func (r *Router) decideDirect(p *prepared, d *Decision, pools ...*pool) (*Decision, error) {
 	route := &p.route
 	find := func(id string) (*Worker, error) {
 		for _, pl := range pools {
@@ -395,7 +395,7 @@ func (r *Router) decideDirect(p *prepared, d *Decision, dryRun bool, pools ...*p
 		d.Prefill = &t
 		d.PrefillCandidates = []Candidate{{Worker: pw, Rank: t.Rank, Load: r.loadOf(t)}}
 	}
-	if !dryRun {
+	if !route.dryRun {
 		r.pickMu.Lock()
 		defer r.pickMu.Unlock()
 		r.reserve(d, route)
