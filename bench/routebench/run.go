@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -120,13 +119,15 @@ func runOffline(cfg *Config, spec policySpec, tr traces.Trace, rate float64, tic
 	return summarize(tr.Name, policyName(spec, cfg), "offline", cfg.Workers, cfg.BlockSize, rate, outs, busy, cfg.SLOTTFT), nil
 }
 
-var _ = os.Stderr
-
-// policyName is a row's policy column: the policy, with the routers and the
-// ledger when more than one router ran it.
+// policyName is a row's policy column: the policy, with the routers when more
+// than one ran it, and for the router's own policies (the ones the ledger
+// serves) whether they shared through the ledger.
 func policyName(spec policySpec, cfg *Config) string {
-	if cfg.Routers > 1 {
-		return fmt.Sprintf("%s/%d-routers-ledger-%v", spec.name, cfg.Routers, cfg.Ledger)
+	switch {
+	case cfg.Routers <= 1:
+		return spec.name
+	case spec.routerPolicy == "":
+		return fmt.Sprintf("%s/%d-routers", spec.name, cfg.Routers)
 	}
-	return spec.name
+	return fmt.Sprintf("%s/%d-routers-ledger-%v", spec.name, cfg.Routers, cfg.Ledger)
 }
