@@ -156,7 +156,7 @@ func TestBurstAcrossRoutersCoLocates(t *testing.T) {
 			}
 			targets := make([]Target, len(f.ids))
 			for j, id := range f.ids {
-				targets[j] = Target{Worker: id + "\x00" + from.cfg.RouterID}
+				targets[j] = o.shared.others.target(Target{Worker: id}, from.cfg.RouterID)
 			}
 			matched := make([]int, len(targets))
 			waitFor(t, 10*time.Second, fmt.Sprintf("%s to hear of sibling %d from %s", o.cfg.RouterID, i, from.cfg.RouterID), func() bool {
