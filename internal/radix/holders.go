@@ -155,9 +155,9 @@ func (st *state) spill(nd *node, pos int, wid uint32, mask uint8) {
 		nd.more = uint32(len(st.sets))
 		st.sets = append(st.sets, holderSet{})
 	}
-	s := &st.sets[nd.more]
-	s.ids = make([]uint32, 0, 4)
-	s.planes = make([]uint64, NumTiers)
+	s := &st.sets[nd.more] // a freed set keeps its slices' capacity for reuse
+	s.ids = slices.Grow(s.ids[:0], 4)
+	s.planes = append(s.planes[:0], make([]uint64, NumTiers)...)
 	for i, r := range nd.holders {
 		s.ids = append(s.ids, r>>3)
 		s.setMask(i, uint8(r&7))
@@ -180,7 +180,10 @@ func (st *state) setSpilled(n, wid uint32, mask uint8) {
 		st.residencies--
 		if len(s.ids) == 2 {
 			nd.holders = [2]uint32{residency(s.ids[0], s.mask(0)), residency(s.ids[1], s.mask(1))}
-			*s = holderSet{}
+			// Freed, keeping its capacity: a node whose holders go back and
+			// forth between two and three would otherwise allocate twice a trip,
+			// on the apply path.
+			s.ids, s.planes = s.ids[:0], s.planes[:0]
 			st.freeSets = append(st.freeSets, nd.more)
 			nd.more = 0
 		}
