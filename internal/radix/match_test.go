@@ -72,7 +72,7 @@ func (c chainLayout) want(filter map[int]bool) []WorkerMatch {
 
 // TestMatchLongRuns covers Match's runs of nodes held by the same workers: tiers
 // varying block to block, identical stretches, runs longer than the counts hold
-// between two settles (maxCounted), odd and even holder counts, holes and
+// between two settles (maxCounted), holder counts crossing 64, holes and
 // workers dropping out mid-run, with and without a filter.
 func TestMatchLongRuns(t *testing.T) {
 	const long = 2*maxCounted + 77

@@ -324,7 +324,8 @@ func DecodeEntry(data []byte) (Entry, error) {
 // returns zero values and the error is kept.
 //
 // The hash and key lists of a stream-batches entry are cut from one slab sized
-// by the entry (an entry is mostly those lists), and the ops from a few slabs of
+// by the entry's remaining bytes (an upper bound: an entry of multi-block ops
+// is mostly those lists, one of one-block ops about 2.3 times them), and the ops from a few slabs of
 // doubling size: a handful of allocations per entry instead of up to three per
 // op, on every replica's apply path. The cut slices are capacity-capped, so
 // appending to one cannot write into its neighbour; holding one keeps the whole
@@ -408,8 +409,9 @@ func (d *entryDecoder) u64s(what string) []uint64 {
 		return nil
 	}
 	if len(d.wordSlab) < n {
-		// len(d.data)/8 bounds every u64 list still to come in this entry.
-		d.wordSlab = make([]uint64, max(n, len(d.data)/8))
+		// len(d.data)/8 bounds every u64 list still to come in this entry (and
+		// count checked that n is within it).
+		d.wordSlab = make([]uint64, len(d.data)/8)
 	}
 	v := d.wordSlab[:n:n]
 	d.wordSlab = d.wordSlab[n:]

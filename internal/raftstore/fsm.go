@@ -59,7 +59,10 @@ func (o BatchOutcome) String() string {
 
 // BatchObserver is told about every StreamBatch of every committed entry, in log
 // order, on the apply goroutine, after it was applied or dropped. It must be quick
-// and must not call back into the Node (the apply loop waits for it).
+// and must not call back into the Node (the apply loop waits for it). The
+// batch's Ops and their Hashes and Keys are cut from slabs shared by the whole
+// entry: an observer that keeps any of them past the call copies it (keeping
+// one would hold the entry's slabs).
 type BatchObserver func(index uint64, b *ingest.StreamBatch, outcome BatchOutcome, res ingest.ApplyResult)
 
 // ApplyResult is what applying one entry did; the node that proposed the entry
