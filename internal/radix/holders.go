@@ -132,7 +132,7 @@ func (st *state) setHolder(n, wid uint32, mask uint8) {
 		h[1] = 0
 		st.residencies--
 		st.release(n)
-	case mask == 0:
+	case mask == 0: // not a holder, and nothing to remove
 	case h[1] == 0: // a free slot
 		if pos == 0 {
 			h[1] = h[0]
