@@ -166,13 +166,13 @@ func (st *state) prefetchOps(ws *workerState, ops []Op, from int) int {
 		switch op := &window[i]; op.Kind {
 		case OpStored:
 			if e, ok := ws.blocks.get(op.Parent); ok && op.HasParent {
-				sink += st.nodes[st.nodes[e.node].hint].key
+				sink += st.nodes.at(st.nodes.at(e.node).hint).key
 			}
 		case OpRemoved:
 			for _, h := range op.Hashes {
 				if e, ok := ws.blocks.get(h); ok {
-					n := &st.nodes[e.node]
-					sink += st.edges.peek(n.parent, n.key) + st.nodes[n.parent].key
+					n := st.nodes.at(e.node)
+					sink += st.edges.peek(n.parent, n.key) + st.nodes.at(n.parent).key
 				}
 			}
 		}

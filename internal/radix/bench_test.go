@@ -499,3 +499,29 @@ func BenchmarkSnapshot(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkGrowth fills an empty index with 3M residencies of fresh 16-block
+// prompts over 16 workers and reports the longest single Stored call: the
+// longest every Match waits behind the write lock while the index grows to a
+// size it has not had before (the node arena, edge table and the workers' block
+// tables all grow on the way).
+func BenchmarkGrowth(b *testing.B) {
+	const total, chain, workers = 3_000_000, 16, 16
+	var worst time.Duration
+	for range b.N {
+		ix := New(Config{})
+		rng := rand.New(rand.NewPCG(1, 2))
+		hashes, keys := make([]uint64, chain), make([]uint64, chain)
+		for n := 0; n < total; n += chain {
+			for i := range chain {
+				hashes[i], keys[i] = rng.Uint64(), rng.Uint64()
+			}
+			t0 := time.Now()
+			if _, err := ix.Stored(benchWorker(rng.IntN(workers)), benchNS, 0, false, hashes, keys, TierGPU); err != nil {
+				b.Fatal(err)
+			}
+			worst = max(worst, time.Since(t0))
+		}
+	}
+	b.ReportMetric(float64(worst.Microseconds())/1000, "max-stall-ms")
+}

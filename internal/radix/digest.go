@@ -29,26 +29,26 @@ func (s *Snapshot) Digest() [32]byte {
 // super-root (first), siblings by ascending key, and each arena index's position
 // in that order. Depth-first keeps chains together, and chains sit together in
 // the arena, so the walk mostly reads memory in order.
-func canonicalOrder(nodes []node) (order, position []uint32) {
+func canonicalOrder(nodes *nodeArena) (order, position []uint32) {
 	// Children of each node, grouped by parent (counting sort), then sorted by key.
-	start := make([]uint32, len(nodes)+1)
-	for i := 1; i < len(nodes); i++ {
-		if p := nodes[i].parent; p != noNode {
+	start := make([]uint32, nodes.len()+1)
+	for i := 1; i < nodes.len(); i++ {
+		if p := nodes.at(uint32(i)).parent; p != noNode {
 			start[p+1]++
 		}
 	}
 	for i := 1; i < len(start); i++ {
 		start[i] += start[i-1]
 	}
-	kids := make([]uint32, start[len(nodes)])
-	position = slices.Clone(start[:len(nodes)]) // fill cursors first, positions after
-	for i := 1; i < len(nodes); i++ {
-		if p := nodes[i].parent; p != noNode {
+	kids := make([]uint32, start[nodes.len()])
+	position = slices.Clone(start[:nodes.len()]) // fill cursors first, positions after
+	for i := 1; i < nodes.len(); i++ {
+		if p := nodes.at(uint32(i)).parent; p != noNode {
 			kids[position[p]] = uint32(i)
 			position[p]++
 		}
 	}
-	byKeyDescending := func(a, b uint32) int { return cmp.Compare(nodes[b].key, nodes[a].key) }
+	byKeyDescending := func(a, b uint32) int { return cmp.Compare(nodes.at(b).key, nodes.at(a).key) }
 	order = make([]uint32, 0, len(kids)+1)
 	stack := []uint32{0}
 	for len(stack) > 0 {

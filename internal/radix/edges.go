@@ -36,7 +36,7 @@ func (t *edgeTable) peek(parent uint32, key uint64) uint64 {
 }
 
 // find returns the child of parent with key, or 0.
-func (t *edgeTable) find(nodes []node, parent uint32, key uint64) uint32 {
+func (t *edgeTable) find(nodes *nodeArena, parent uint32, key uint64) uint32 {
 	h := t.hash(parent, key)
 	tag := h >> 32
 	mask := uint64(len(t.slots) - 1)
@@ -47,7 +47,7 @@ func (t *edgeTable) find(nodes []node, parent uint32, key uint64) uint32 {
 		}
 		if s>>32 == tag {
 			c := uint32(s)
-			if n := &nodes[c]; n.key == key && n.parent == parent {
+			if n := nodes.at(c); n.key == key && n.parent == parent {
 				return c
 			}
 		}

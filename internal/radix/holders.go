@@ -90,7 +90,7 @@ func (s *holderSet) delete(i int) {
 
 // holderMask returns worker wid's tier mask at node n (0 = not held).
 func (st *state) holderMask(n, wid uint32) uint8 {
-	nd := &st.nodes[n]
+	nd := st.nodes.at(n)
 	if nd.more != 0 {
 		s := &st.sets[nd.more]
 		if i, found := slices.BinarySearch(s.ids, wid); found {
@@ -109,7 +109,7 @@ func (st *state) holderMask(n, wid uint32) uint8 {
 // setHolder sets worker wid's tier mask at node n; mask 0 removes the worker and
 // releases n if nothing else keeps it.
 func (st *state) setHolder(n, wid uint32, mask uint8) {
-	nd := &st.nodes[n]
+	nd := st.nodes.at(n)
 	if nd.more != 0 {
 		st.setSpilled(n, wid, mask)
 		return
@@ -169,7 +169,7 @@ func (st *state) spill(nd *node, pos int, wid uint32, mask uint8) {
 // setSpilled is setHolder for a spilled node; a set left with two holders goes
 // back inline.
 func (st *state) setSpilled(n, wid uint32, mask uint8) {
-	nd := &st.nodes[n]
+	nd := st.nodes.at(n)
 	s := &st.sets[nd.more]
 	i, found := slices.BinarySearch(s.ids, wid)
 	switch {

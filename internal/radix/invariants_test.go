@@ -14,8 +14,8 @@ func checkInvariants(ix *Index) error {
 
 	children := make(map[uint32]uint32)
 	live, hints, namespaces, blockNodes, residencies, spilled := 0, 0, 0, 0, 0, 0
-	for i := 1; i < len(st.nodes); i++ {
-		n := &st.nodes[i]
+	for i := uint32(1); int(i) < st.nodes.len(); i++ {
+		n := st.nodes.at(i)
 		if n.parent == noNode {
 			continue
 		}
@@ -28,19 +28,19 @@ func checkInvariants(ix *Index) error {
 		} else {
 			blockNodes++
 		}
-		if p := st.nodes[n.parent].parent; n.parent != 0 && p == noNode {
+		if p := st.nodes.at(n.parent).parent; n.parent != 0 && p == noNode {
 			return fmt.Errorf("node %d has freed parent %d", i, n.parent)
 		}
 		children[n.parent]++
-		if got := st.child(n.parent, n.key); got != uint32(i) {
+		if got := st.child(n.parent, n.key); got != i {
 			return fmt.Errorf("child (%d,%x) finds %d, want %d", n.parent, n.key, got, i)
 		}
-		wantTabled := uint32(i)
-		if st.nodes[n.parent].hint == uint32(i) {
+		wantTabled := i
+		if st.nodes.at(n.parent).hint == i {
 			wantTabled = 0
 			hints++
 		}
-		if got := st.edges.find(st.nodes, n.parent, n.key); got != wantTabled {
+		if got := st.edges.find(&st.nodes, n.parent, n.key); got != wantTabled {
 			return fmt.Errorf("edge table finds %d for node %d (hint of its parent: %v)", got, i, wantTabled == 0)
 		}
 		if !n.held() && n.children == 0 {
@@ -52,10 +52,10 @@ func checkInvariants(ix *Index) error {
 		if n.more != 0 {
 			spilled++
 		}
-		if n.hint != 0 && (st.nodes[n.hint].parent != uint32(i)) {
+		if n.hint != 0 && (st.nodes.at(n.hint).parent != i) {
 			return fmt.Errorf("node %d hints at %d, not its child", i, n.hint)
 		}
-		holders := appendHolders(st, nil, uint32(i))
+		holders := appendHolders(st, nil, i)
 		for k, r := range holders {
 			wid := r >> 3
 			if r&7 == 0 || int(wid) >= len(st.workers) || st.workers[wid] == nil {
@@ -67,10 +67,10 @@ func checkInvariants(ix *Index) error {
 			residencies++
 		}
 	}
-	for i := range st.nodes {
-		if st.nodes[i].parent != noNode || i == 0 {
-			if st.nodes[i].children != children[uint32(i)] {
-				return fmt.Errorf("node %d counts %d children, has %d", i, st.nodes[i].children, children[uint32(i)])
+	for i := range uint32(st.nodes.len()) {
+		if st.nodes.at(i).parent != noNode || i == 0 {
+			if st.nodes.at(i).children != children[i] {
+				return fmt.Errorf("node %d counts %d children, has %d", i, st.nodes.at(i).children, children[i])
 			}
 		}
 	}
@@ -103,7 +103,7 @@ func checkInvariants(ix *Index) error {
 			if e.tiers == 0 || e.tiers >= 1<<NumTiers {
 				return fmt.Errorf("%v hash %x has tiers %d", ws.key, h, e.tiers)
 			}
-			if st.nodes[e.node].parent == noNode || st.nodes[e.node].parent == 0 {
+			if st.nodes.at(e.node).parent == noNode || st.nodes.at(e.node).parent == 0 {
 				return fmt.Errorf("%v hash %x points at non-block node %d", ws.key, h, e.node)
 			}
 			if _, ok := ws.detached[h]; ok {
@@ -134,8 +134,8 @@ func checkInvariants(ix *Index) error {
 		if len(ws.aliases) > len(perNode) {
 			return fmt.Errorf("%v has stale alias records", ws.key)
 		}
-		for i := 1; i < len(st.nodes); i++ {
-			if st.nodes[i].parent != noNode && st.holderMask(uint32(i), uint32(wid)) != 0 && perNode[uint32(i)] == nil {
+		for i := uint32(1); int(i) < st.nodes.len(); i++ {
+			if st.nodes.at(i).parent != noNode && st.holderMask(i, uint32(wid)) != 0 && perNode[i] == nil {
 				return fmt.Errorf("%v holds node %d without an entry", ws.key, i)
 			}
 		}
@@ -210,7 +210,7 @@ func checkHolderForm(st *state, n *node) error {
 
 // appendHolders appends the residencies of node n's holders, in worker id order.
 func appendHolders(st *state, dst []uint32, n uint32) []uint32 {
-	nd := &st.nodes[n]
+	nd := st.nodes.at(n)
 	if nd.more == 0 {
 		for _, r := range nd.holders {
 			if r != 0 {

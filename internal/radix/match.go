@@ -85,7 +85,7 @@ func (ix *Index) Match(ns uint64, keys []uint64, filter []string, dst []WorkerMa
 			}
 		}
 	}
-	cur := st.child(0, ns)
+	cur, n := st.childOf(0, st.nodes.at(0), ns)
 	if cur == 0 {
 		return dst
 	}
@@ -99,10 +99,9 @@ func (ix *Index) Match(ns uint64, keys []uint64, filter []string, dst []WorkerMa
 	var next uint64
 	run := 0
 	for d, key := range keys {
-		if cur = st.child(cur, key); cur == 0 {
+		if cur, n = st.childOf(cur, n, key); cur == 0 {
 			break
 		}
-		n := &st.nodes[cur]
 		if d == 0 {
 			next = uint64(sc.epoch)<<32 | 1
 			sc.admit(st, n, filter != nil, next)

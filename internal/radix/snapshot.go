@@ -31,9 +31,6 @@ const (
 	snapshotMagic   = "kvixradx"
 	snapshotVersion = 1
 	maxNameLen      = 1024
-	// maxPrealloc caps capacity hints taken from counts in the input, so a bogus
-	// count costs an error at the end of the data, not a huge allocation.
-	maxPrealloc = 1 << 16
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -53,7 +50,7 @@ func (ix *Index) WriteTo(w io.Writer) (int64, error) {
 // until it is dropped. Its methods only read it: they may run concurrently.
 type Snapshot struct {
 	workers []snapshotWorker // by WorkerKey
-	nodes   []node           // the arena; only parent and key are read
+	nodes   nodeArena        // only parent and key are read
 }
 
 type snapshotWorker struct {
@@ -74,7 +71,7 @@ func (ix *Index) Snapshot() *Snapshot {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	st := &ix.st
-	s := &Snapshot{nodes: slices.Clone(st.nodes), workers: make([]snapshotWorker, len(st.order))}
+	s := &Snapshot{nodes: st.nodes.clone(), workers: make([]snapshotWorker, len(st.order))}
 	for i, wid := range st.order {
 		ws := st.workers[wid]
 		sw := &s.workers[i]
@@ -101,11 +98,11 @@ func (s *Snapshot) WriteTo(w io.Writer) (int64, error) {
 		e.write([]byte(sw.key.Worker))
 		e.uvarint(uint64(sw.key.DPRank))
 	}
-	order, position := canonicalOrder(s.nodes)
+	order, position := canonicalOrder(&s.nodes)
 	e.uvarint(uint64(len(order) - 1))
 	for i, n := range order[1:] {
-		e.uvarint(uint64(i + 1 - int(position[s.nodes[n].parent])))
-		e.u64(s.nodes[n].key)
+		e.uvarint(uint64(i + 1 - int(position[s.nodes.at(n).parent])))
+		e.u64(s.nodes.at(n).key)
 	}
 	var entries []blockSlot
 	for _, sw := range s.workers {
@@ -298,8 +295,8 @@ func (d *decoder) readState(st state) (state, error) {
 			break
 		}
 	}
-	for i := 1; i < len(st.nodes) && d.err == nil; i++ {
-		if n := &st.nodes[i]; !n.held() && n.children == 0 {
+	for i := 1; i < st.nodes.len() && d.err == nil; i++ {
+		if n := st.nodes.at(uint32(i)); !n.held() && n.children == 0 {
 			d.fail("node %d has neither holders nor children", i)
 		}
 	}
@@ -336,7 +333,6 @@ func (d *decoder) readWorkers(st *state) {
 
 func (d *decoder) readNodes(st *state) {
 	n := d.count(math.MaxUint32-1, "node count")
-	st.nodes = slices.Grow(st.nodes, min(n, maxPrealloc))
 	for i := 1; i <= n && d.err == nil; i++ {
 		dist := d.uvarint()
 		key := d.u64()
@@ -365,7 +361,7 @@ func (d *decoder) readEntries(st *state, wid uint32) {
 		case d.err != nil:
 		case i > 0 && h <= prev:
 			d.fail("%v: block hashes not ascending at %d", ws.key, i)
-		case pos == 0 || pos >= uint64(len(st.nodes)) || st.nodes[pos].parent == 0:
+		case pos == 0 || pos >= uint64(st.nodes.len()) || st.nodes.at(uint32(pos)).parent == 0:
 			d.fail("%v: block %x at node %d, not a block node", ws.key, h, pos)
 		case tiers == 0 || tiers >= 1<<NumTiers:
 			d.fail("%v: block %x has tier mask %d", ws.key, h, tiers)

@@ -15,7 +15,7 @@ import "hash/maphash"
 type state struct {
 	maxDetached int
 
-	nodes    []node
+	nodes    nodeArena
 	freeNode uint32 // head of the free-node list, 0 = empty
 	edges    edgeTable
 	sets     []holderSet // holder lists of spilled nodes (see holders.go); index 0 unused
@@ -55,31 +55,42 @@ func newState(cfg Config) state {
 		maxDetached = DefaultMaxDetachedPerWorker
 	}
 	seed := maphash.Comparable(maphash.MakeSeed(), 0)
-	return state{
+	st := state{
 		maxDetached: maxDetached,
-		nodes:       []node{{parent: noNode}},
 		edges:       newEdgeTable(seed),
 		seed:        seed,
 		sets:        []holderSet{{}},
 		workerIDs:   map[WorkerKey]uint32{},
 		byName:      map[string][]uint32{},
 	}
+	st.nodes.push(node{parent: noNode}) // the super-root
+	return st
 }
 
 // child returns parent's child with key, or 0.
 func (st *state) child(parent uint32, key uint64) uint32 {
-	p := &st.nodes[parent]
+	c, _ := st.childOf(parent, st.nodes.at(parent), key)
+	return c
+}
+
+// childOf is child for a parent whose node p is at hand, and returns the
+// child's node as well (nil when there is none): a walk down the tree reaches
+// each node once, not once as a child and again as the next parent.
+func (st *state) childOf(parent uint32, p *node, key uint64) (uint32, *node) {
 	tabled := p.children
 	if p.hint != 0 {
-		if st.nodes[p.hint].key == key {
-			return p.hint
+		if h := st.nodes.at(p.hint); h.key == key {
+			return p.hint, h
 		}
 		tabled--
 	}
 	if tabled == 0 {
-		return 0
+		return 0, nil
 	}
-	return st.edges.find(st.nodes, parent, key)
+	if c := st.edges.find(&st.nodes, parent, key); c != 0 {
+		return c, st.nodes.at(c)
+	}
+	return 0, nil
 }
 
 // childOrCreate returns parent's child with key, creating it when missing.
@@ -89,15 +100,14 @@ func (st *state) childOrCreate(parent uint32, key uint64) uint32 {
 	}
 	c := st.freeNode
 	if c != 0 {
-		st.freeNode = st.nodes[c].hint
-		st.nodes[c] = node{key: key, parent: parent}
+		st.freeNode = st.nodes.at(c).hint
+		*st.nodes.at(c) = node{key: key, parent: parent}
 	} else {
-		c = uint32(len(st.nodes))
-		st.nodes = append(st.nodes, node{key: key, parent: parent})
+		c = st.nodes.push(node{key: key, parent: parent})
 	}
-	p := &st.nodes[parent]
+	p := st.nodes.at(parent)
 	if p.hint != 0 { // the old hint becomes an ordinary, tabled child
-		st.edges.insert(parent, st.nodes[p.hint].key, p.hint)
+		st.edges.insert(parent, st.nodes.at(p.hint).key, p.hint)
 	}
 	p.hint = c
 	p.children++
@@ -113,12 +123,12 @@ func (st *state) childOrCreate(parent uint32, key uint64) uint32 {
 // children: a holder-less node is kept exactly as long as something hangs below it.
 func (st *state) release(n uint32) {
 	for n != 0 {
-		nd := &st.nodes[n]
+		nd := st.nodes.at(n)
 		if nd.held() || nd.children != 0 {
 			return
 		}
 		p := nd.parent
-		pn := &st.nodes[p]
+		pn := st.nodes.at(p)
 		if pn.hint == n {
 			pn.hint = 0
 		} else {

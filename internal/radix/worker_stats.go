@@ -93,12 +93,12 @@ func (ix *Index) BlockPath(w WorkerKey, h uint64, dst []uint64) (ns uint64, keys
 	}
 	start := len(dst)
 	n := e.node
-	for st.nodes[n].parent != 0 {
-		dst = append(dst, st.nodes[n].key)
-		n = st.nodes[n].parent
+	for st.nodes.at(n).parent != 0 {
+		dst = append(dst, st.nodes.at(n).key)
+		n = st.nodes.at(n).parent
 	}
 	slices.Reverse(dst[start:])
-	return st.nodes[n].key, dst, true
+	return st.nodes.at(n).key, dst, true
 }
 
 // NodeView is one node of the tree as Nodes reports it.
@@ -130,9 +130,9 @@ func (ix *Index) Nodes() []NodeView { return ix.Snapshot().Nodes() }
 // node on the tiers of the engine blocks that map to it (several engine hashes
 // may alias one node).
 func (s *Snapshot) Nodes() []NodeView {
-	order, position := canonicalOrder(s.nodes)
+	order, position := canonicalOrder(&s.nodes)
 	// Holders per arena node, workers in WorkerKey order (s.workers is sorted).
-	byNode := make([][]Holding, len(s.nodes))
+	byNode := make([][]Holding, s.nodes.len())
 	for _, sw := range s.workers {
 		for _, b := range sw.blocks {
 			if b.node == 0 || b.tiers == 0 {
@@ -151,7 +151,7 @@ func (s *Snapshot) Nodes() []NodeView {
 		if i == 0 { // the super-root
 			continue
 		}
-		nd := &s.nodes[n]
+		nd := s.nodes.at(n)
 		v := NodeView{ID: len(out), Parent: int(position[nd.parent]) - 1, Key: nd.key, Holders: byNode[n]}
 		if nd.parent == 0 {
 			v.Parent = -1

@@ -213,7 +213,7 @@ func (st *state) prefetch(ws *workerState, hashes []uint64, removing bool) {
 	if removing {
 		for _, h := range hashes {
 			if e, ok := ws.blocks.get(h); ok {
-				n := &st.nodes[e.node]
+				n := st.nodes.at(e.node)
 				sink += st.edges.peek(n.parent, n.key)
 			}
 		}
@@ -238,9 +238,9 @@ func (st *state) storeAttached(wid uint32, at uint32, h, key uint64, mask uint8,
 	if ok || ws.detached[h].tiers != 0 {
 		// Pin target while the old placement goes: dropping it could otherwise
 		// release target (a fresh, holder-less node) or its ancestors.
-		st.nodes[target].children++
+		st.nodes.at(target).children++
 		st.dropPlacement(wid, h)
-		st.nodes[target].children--
+		st.nodes.at(target).children--
 		res.Replaced++
 	}
 	st.addEntryTiers(wid, h, target, mask)
