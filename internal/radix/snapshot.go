@@ -55,7 +55,7 @@ type Snapshot struct {
 
 type snapshotWorker struct {
 	key      WorkerKey
-	blocks   []blockSlot // the table's slots, empty ones included
+	blocks   []blockSlot // the table's slots, empty ones included (copySlots)
 	detached []detachedEntry
 }
 
@@ -76,7 +76,7 @@ func (ix *Index) Snapshot() *Snapshot {
 		ws := st.workers[wid]
 		sw := &s.workers[i]
 		sw.key = ws.key
-		sw.blocks = slices.Clone(ws.blocks.slots)
+		sw.blocks = ws.blocks.copySlots()
 		if len(ws.detached) > 0 {
 			sw.detached = make([]detachedEntry, 0, len(ws.detached))
 			for h, d := range ws.detached {
