@@ -47,9 +47,11 @@
 // Concurrency: a Router serves many requests at once. Fleet, Ledger, Breakers, the
 // overlays and the metrics are safe for concurrent use, each behind its own mutex
 // (never two of them held at once; the metric hooks some call under theirs take
-// only Prometheus's leaf locks). The Router's pickMu makes load snapshot, pick,
-// reservation and breaker probe one step; it is only ever taken outside those
-// mutexes, so the one lock order is pickMu first. Policies are called
+// only Prometheus's leaf locks). The Router's pickMu makes the read of the
+// router's own decisions (predicted overlay, session bindings), load snapshot,
+// pick, reservation and breaker probe one step, so that concurrent siblings of
+// a burst see each other; the indexer is asked before it is taken. It is only
+// ever taken outside those mutexes, so the one lock order is pickMu first. Policies are called
 // concurrently and keep their own small state (round-robin counter, session ring)
 // behind atomics or their own mutex. Every upstream leg of a request runs under the
 // request's context, so a client that hangs up cancels all of them at once.

@@ -72,25 +72,33 @@ func (s *indexSource) query(ctx context.Context, req *RouteRequest, workers []st
 	return out, true
 }
 
-// overlaps fills the Overlap of every candidate of the groups: the indexer's
-// figure (or, while it is down, the approximate index of the router's own
-// decisions), raised to the predicted overlay's when that is longer, so siblings
-// of a burst co-locate before the engine has published their blocks. The indexer
-// is asked once per request, for every group's workers.
-func (r *Router) overlaps(ctx context.Context, p *prepared, groups ...[]Candidate) {
-	req := &p.route
-	if !p.indexAsked && r.index != nil {
-		p.indexAsked = true
-		var workers []string
-		for _, g := range groups {
-			for i := range g {
-				if len(workers) == 0 || workers[len(workers)-1] != g[i].Worker.ID {
-					workers = append(workers, g[i].Worker.ID)
-				}
+// askIndex asks the indexer, once per request, for the overlaps of every
+// group's workers. It is a network call: never under pickMu.
+func (r *Router) askIndex(ctx context.Context, p *prepared, groups ...[]Candidate) {
+	if p.indexAsked || r.index == nil {
+		return
+	}
+	p.indexAsked = true
+	var workers []string
+	for _, g := range groups {
+		for i := range g {
+			if len(workers) == 0 || workers[len(workers)-1] != g[i].Worker.ID {
+				workers = append(workers, g[i].Worker.ID)
 			}
 		}
-		p.indexed, p.indexOK = r.index.query(ctx, req, workers)
 	}
+	p.indexed, p.indexOK = r.index.query(ctx, &p.route, workers)
+}
+
+// overlaps fills the Overlap of every candidate of the groups: the indexer's
+// figure (askIndex; while it is down, the approximate index of the router's own
+// decisions), raised to the predicted overlay's when that is longer, so siblings
+// of a burst co-locate before the engine has published their blocks. It reads
+// the router's own decisions, so it runs under pickMu with the pick: the
+// decision a sibling made a moment before is already recorded (read before the
+// lock, every sibling of a cold burst could find the overlay empty).
+func (r *Router) overlaps(p *prepared, groups ...[]Candidate) {
+	req := &p.route
 	now := r.now()
 	for _, cands := range groups {
 		targets := make([]Target, len(cands))

@@ -185,12 +185,15 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 		}
 	}
 	if p.endpoint != endpointOther {
-		r.overlaps(ctx, p, cands, pre)
+		r.askIndex(ctx, p, cands, pre)
 	}
-	r.markSession(route, cands)
 
 	r.pickMu.Lock()
 	defer r.pickMu.Unlock()
+	if p.endpoint != endpointOther {
+		r.overlaps(p, cands, pre)
+	}
+	r.markSession(route, cands)
 	if cands, err = r.refreshLoads(route, cands, &d.Excluded); err != nil {
 		return nil, err
 	}
@@ -349,7 +352,7 @@ func (d *Decision) release() {
 }
 
 // markSession flags the candidates on the worker the request's session last went
-// to (kv-aware's soft session bonus).
+// to (kv-aware's soft session bonus). Called under pickMu, like overlaps.
 func (r *Router) markSession(route *RouteRequest, cands []Candidate) {
 	if route.SessionKey == "" || r.cfg.Policy != PolicyKVAware {
 		return
@@ -429,9 +432,10 @@ func (r *Router) pickPrefill(ctx context.Context, p *prepared, tried map[string]
 	if err != nil {
 		return Target{}, nil, false, err
 	}
-	r.overlaps(ctx, p, cands)
+	r.askIndex(ctx, p, cands)
 	r.pickMu.Lock()
 	defer r.pickMu.Unlock()
+	r.overlaps(p, cands)
 	if cands, err = r.refreshLoads(&p.route, cands, &excluded); err != nil {
 		return Target{}, nil, false, err
 	}
