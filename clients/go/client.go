@@ -107,7 +107,9 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	if c.opts.TLS != nil {
 		creds = credentials.NewTLS(c.opts.TLS)
 	}
-	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, c.opts.DialOptions...)...)
+	// Fixed windows first, so that the caller's DialOptions can change them.
+	opts := append(kvindexv1.FlowControlDialOptions(), grpc.WithTransportCredentials(creds))
+	cc, err := grpc.NewClient(addr, append(opts, c.opts.DialOptions...)...)
 	if err != nil {
 		return nil, fmt.Errorf("kvindex: dialing %s: %w", addr, err)
 	}

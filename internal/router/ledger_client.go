@@ -169,7 +169,7 @@ func (f *fleetLedger) conn(addr string) (*grpc.ClientConn, error) {
 	if f.tls != nil {
 		creds = credentials.NewTLS(f.tls)
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	cc, err := grpc.NewClient(addr, append(kvindexv1.FlowControlDialOptions(), grpc.WithTransportCredentials(creds))...)
 	if err != nil {
 		return nil, err
 	}

@@ -107,7 +107,7 @@ func runBenchClient(jobFile string) error {
 	if err := json.Unmarshal(data, &job); err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient(job.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(job.Addr, append(kvindexv1.FlowControlDialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return err
 	}

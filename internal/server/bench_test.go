@@ -160,7 +160,7 @@ func setupBench() (*benchEnv, error) {
 		<-done
 		os.RemoveAll(dataDir)
 	}
-	if env.conn, err = grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+	if env.conn, err = grpc.NewClient(srv.GRPCAddr(), append(kvindexv1.FlowControlDialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...); err != nil {
 		return nil, err
 	}
 	for deadline := time.Now().Add(10 * time.Second); srv.Backend().Ready() != nil; time.Sleep(10 * time.Millisecond) {

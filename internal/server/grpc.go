@@ -50,6 +50,7 @@ func (a *API) GRPCServer(creds credentials.TransportCredentials, healthSrv *heal
 		// goroutine each, whose stack grew again on every Score (~5 µs of copying).
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 	}
+	opts = append(opts, kvindexv1.FlowControlServerOptions()...) // no ping per query
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}

@@ -80,7 +80,7 @@ func (p *peers) dial(ctx context.Context, addr string, asPeer bool) (context.Con
 	cc := p.conns[addr]
 	if cc == nil {
 		var err error
-		if cc, err = grpc.NewClient(addr, grpc.WithTransportCredentials(p.creds)); err != nil {
+		if cc, err = grpc.NewClient(addr, append(kvindexv1.FlowControlDialOptions(), grpc.WithTransportCredentials(p.creds))...); err != nil {
 			return nil, nil, fmt.Errorf("%w: dialing member %s: %w", ErrUnavailable, addr, err)
 		}
 		p.conns[addr] = cc
