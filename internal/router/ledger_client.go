@@ -18,6 +18,7 @@ import (
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	kvindex "github.com/kvindex/kvindex/clients/go"
+	"github.com/kvindex/kvindex/internal/ledgerq"
 )
 
 // fleetLedger is the router's side of the shared load ledger (--ledger): one
@@ -53,23 +54,11 @@ type fleetLedger struct {
 	others *OtherRouters
 
 	mu sync.Mutex
-	// The outbox (decisions and bindings waiting to be reported) keeps the
-	// newest kvindexv1.LedgerMaxQueued entries of each kind and at most
-	// LedgerMaxQueuedKeys predicted block keys, as the leader's queue per
-	// router, so a router cut off from the indexer holds a bounded amount
-	// whatever its prompts.
-	predicted     []queued[*kvindexv1.PredictedPrefix] // guarded by mu; bounded
-	predictedKeys int                                  // keys held in predicted; guarded by mu
-	sessions      []queued[*kvindexv1.SessionBinding]  // guarded by mu; bounded
-	conns         map[string]*grpc.ClientConn          // guarded by mu
-}
-
-// queued is an outbox entry and when it was queued: its TTL is sent as what
-// is left of it, so a decision that waited (the stream down, an election) is
-// not taken as fresh by the other routers, and an expired one is not sent.
-type queued[T any] struct {
-	msg T
-	at  time.Time
+	// outbox holds the decisions and bindings waiting to be reported, bounded
+	// as the leader bounds its queue per router (ledgerq), so a router cut off
+	// from the indexer holds a bounded amount whatever its prompts.
+	outbox ledgerq.Queue               // guarded by mu
+	conns  map[string]*grpc.ClientConn // guarded by mu
 }
 
 // remoteLoad is the other routers' load on t (zero without the ledger).
@@ -102,35 +91,22 @@ func (f *fleetLedger) queue(keys []uint64, t Target, sessionKey string, predicte
 	if f == nil {
 		return
 	}
-	now := f.r.now()
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	var predicted []*kvindexv1.PredictedPrefix
 	if len(keys) > 0 {
 		// The leader refuses a report with a longer prediction (and the stream
 		// with it); the leading blocks are the ones other prompts share.
 		keys = keys[:min(len(keys), kvindexv1.LedgerMaxPredictionKeys)]
-		f.predicted = append(f.predicted, queued[*kvindexv1.PredictedPrefix]{at: now, msg: &kvindexv1.PredictedPrefix{
-			Worker: t.Worker, DpRank: t.Rank, Keys: keys, TtlMs: uint32(predictedTTL / time.Millisecond), RouterId: f.id}})
-		f.predictedKeys += len(keys)
-		drop := 0
-		for len(f.predicted)-drop > kvindexv1.LedgerMaxQueued || f.predictedKeys > kvindexv1.LedgerMaxQueuedKeys {
-			f.predictedKeys -= len(f.predicted[drop].msg.Keys)
-			drop++
-		}
-		// Moving the start, not the entries: while the stream is down every
-		// decision drops one, and appending reallocates (copying only what is
-		// kept) once the backing array's end is reached.
-		clear(f.predicted[:drop])
-		f.predicted = f.predicted[drop:]
+		predicted = []*kvindexv1.PredictedPrefix{{
+			Worker: t.Worker, DpRank: t.Rank, Keys: keys, TtlMs: uint32(predictedTTL / time.Millisecond), RouterId: f.id}}
 	}
+	var sessions []*kvindexv1.SessionBinding
 	if sessionKey != "" {
-		f.sessions = append(f.sessions, queued[*kvindexv1.SessionBinding]{at: now, msg: &kvindexv1.SessionBinding{
-			Key: sessionKey, Worker: t.Worker, TtlMs: uint32(sessionTTL / time.Millisecond)}})
-		if over := len(f.sessions) - kvindexv1.LedgerMaxQueued; over > 0 {
-			clear(f.sessions[:over])
-			f.sessions = f.sessions[over:]
-		}
+		sessions = []*kvindexv1.SessionBinding{{Key: sessionKey, Worker: t.Worker, TtlMs: uint32(sessionTTL / time.Millisecond)}}
 	}
+	now := f.r.now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.outbox.Add(now, predicted, sessions)
 }
 
 // takeOutbox empties the outbox, with each entry's TTL cut by the time it
@@ -138,25 +114,8 @@ func (f *fleetLedger) queue(keys []uint64, t Target, sessionKey string, predicte
 func (f *fleetLedger) takeOutbox() ([]*kvindexv1.PredictedPrefix, []*kvindexv1.SessionBinding) {
 	now := f.r.now()
 	f.mu.Lock()
-	p, s := f.predicted, f.sessions
-	f.predicted, f.sessions, f.predictedKeys = nil, nil, 0
-	f.mu.Unlock()
-	return unexpired(p, now, func(m *kvindexv1.PredictedPrefix) *uint32 { return &m.TtlMs }),
-		unexpired(s, now, func(m *kvindexv1.SessionBinding) *uint32 { return &m.TtlMs })
-}
-
-// unexpired returns the messages of q whose TTL (in milliseconds, at ttlMs) has
-// not run out by now, each with its TTL cut to what is left.
-func unexpired[T any](q []queued[T], now time.Time, ttlMs func(T) *uint32) []T {
-	var out []T
-	for _, e := range q {
-		ttl := ttlMs(e.msg)
-		if left := time.Duration(*ttl)*time.Millisecond - now.Sub(e.at); left >= time.Millisecond {
-			*ttl = uint32(left / time.Millisecond)
-			out = append(out, e.msg)
-		}
-	}
-	return out
+	defer f.mu.Unlock()
+	return f.outbox.Take(now)
 }
 
 func (f *fleetLedger) conn(addr string) (*grpc.ClientConn, error) {

@@ -430,8 +430,8 @@ func TestLedgerOutboxSendsTheTTLLeftAndIsBoundedInKeys(t *testing.T) {
 	perPrompt := kvindexv1.LedgerMaxQueuedKeys / kvindexv1.LedgerMaxPredictionKeys
 	for i := range perPrompt + 3 {
 		f.queue(long, Target{Worker: fmt.Sprint(i)}, "", time.Minute, 0)
-		if f.predictedKeys > kvindexv1.LedgerMaxQueuedKeys {
-			t.Fatalf("outbox holds %d keys after %d prompts, bound %d", f.predictedKeys, i+1, kvindexv1.LedgerMaxQueuedKeys)
+		if f.outbox.Keys() > kvindexv1.LedgerMaxQueuedKeys {
+			t.Fatalf("outbox holds %d keys after %d prompts, bound %d", f.outbox.Keys(), i+1, kvindexv1.LedgerMaxQueuedKeys)
 		}
 	}
 	pred, _ = f.takeOutbox()

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+	"github.com/kvindex/kvindex/internal/ledgerq"
 )
 
 // loadLedger is the shared load ledger of the routers (kvindex.v1.LoadService):
@@ -69,11 +70,10 @@ type ledgerRouter struct {
 	// session is the live stream's token; 0 while disconnected.
 	session    uint64
 	leaseUntil time.Time
-	predicted  []*kvindexv1.PredictedPrefix // queued for this router
-	// predictedKeys is the number of keys in predicted, bounded by
-	// kvindexv1.LedgerMaxQueuedKeys.
-	predictedKeys int
-	sessions      []*kvindexv1.SessionBinding // queued for this router
+	// queue holds the other routers' decisions and bindings until the next
+	// push, bounded, their TTLs cut by the wait (a router reconnecting within
+	// its lease gets what is left of them).
+	queue ledgerq.Queue
 }
 
 // Bounds of what one router can make the leader hold.
@@ -82,7 +82,7 @@ const (
 	// The queues per router and the keys of one prediction are bounded by
 	// kvindexv1.LedgerMaxQueued, LedgerMaxQueuedKeys (8 MiB: 4096 predictions of
 	// a long prompt's keys would be gigabytes, held for a router whose stream is
-	// slow or gone) and LedgerMaxPredictionKeys, which the routers keep to.
+	// slow or gone; ledgerq) and LedgerMaxPredictionKeys, which the routers keep to.
 )
 
 // ErrLedgerFull: more routers than --ledger-max-routers.
@@ -256,42 +256,14 @@ func (l *loadLedger) applyLocked(id string, r *ledgerRouter, rep *kvindexv1.Repo
 			ledgerLoad{int64(tl.InFlight), int64(tl.PrefillTokens), int64(tl.DecodeBlocks)})
 	}
 	if len(rep.Predicted)+len(rep.Sessions) > 0 {
+		now := l.now()
 		for other, o := range l.routers {
-			if other == id {
-				continue
+			if other != id {
+				o.queue.Add(now, rep.Predicted, rep.Sessions)
 			}
-			o.queuePredicted(rep.Predicted)
-			o.sessions = appendBounded(o.sessions, rep.Sessions)
 		}
 	}
 	l.wakeLocked()
-}
-
-// queuePredicted queues ps for r, keeping the newest LedgerMaxQueued
-// predictions and at most LedgerMaxQueuedKeys keys (one prediction has fewer, so the newest
-// always stays).
-func (r *ledgerRouter) queuePredicted(ps []*kvindexv1.PredictedPrefix) {
-	for _, p := range ps {
-		r.predicted = append(r.predicted, p)
-		r.predictedKeys += len(p.Keys)
-	}
-	drop := 0
-	for len(r.predicted)-drop > kvindexv1.LedgerMaxQueued || r.predictedKeys > kvindexv1.LedgerMaxQueuedKeys {
-		r.predictedKeys -= len(r.predicted[drop].Keys)
-		drop++
-	}
-	if drop > 0 {
-		r.predicted = append(r.predicted[:0], r.predicted[drop:]...)
-	}
-}
-
-// appendBounded appends and keeps the newest LedgerMaxQueued entries.
-func appendBounded[T any](q, add []T) []T {
-	q = append(q, add...)
-	if over := len(q) - kvindexv1.LedgerMaxQueued; over > 0 {
-		q = append(q[:0], q[over:]...)
-	}
-	return q
 }
 
 // close ends a session; its load stays counted for the lease.
@@ -301,7 +273,7 @@ func (l *loadLedger) close(id string, session uint64) {
 	if r := l.routers[id]; r != nil && r.session == session {
 		r.session = 0
 		r.leaseUntil = l.now().Add(l.lease)
-		r.predicted, r.predictedKeys, r.sessions = nil, 0, nil
+		r.queue.Reset()
 	}
 }
 
@@ -311,7 +283,8 @@ func (l *loadLedger) close(id string, session uint64) {
 func (l *loadLedger) view(id string, last map[ledgerTarget]ledgerLoad) (*kvindexv1.ReportResponse, map[ledgerTarget]ledgerLoad, <-chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.expireLocked(l.now())
+	now := l.now()
+	l.expireLocked(now)
 	r := l.routers[id]
 	resp := &kvindexv1.ReportResponse{Routers: uint32(len(l.routers)), Full: last == nil}
 	next := make(map[ledgerTarget]ledgerLoad, len(l.total))
@@ -335,8 +308,7 @@ func (l *loadLedger) view(id string, last map[ledgerTarget]ledgerLoad) (*kvindex
 		}
 	}
 	if r != nil {
-		resp.Predicted, resp.Sessions = r.predicted, r.sessions
-		r.predicted, r.predictedKeys, r.sessions = nil, 0, nil
+		resp.Predicted, resp.Sessions = r.queue.Take(now)
 	}
 	return resp, next, l.changed
 }

@@ -431,7 +431,7 @@ func TestLedgerBoundsQueuedPredictions(t *testing.T) {
 			for i := range c.n { // one prediction a report, as a router sends them
 				keys := make([]uint64, c.keys)
 				keys[0] = uint64(i)
-				p := &kvindexv1.PredictedPrefix{Worker: "w0", Keys: keys, TtlMs: 1000, RouterId: "sender"}
+				p := &kvindexv1.PredictedPrefix{Worker: "w0", Keys: keys, TtlMs: 3_600_000, RouterId: "sender"}
 				if err := l.report("sender", 2, &kvindexv1.ReportRequest{RouterId: "sender", Predicted: []*kvindexv1.PredictedPrefix{p}}); err != nil {
 					t.Fatal(err)
 				}
@@ -449,5 +449,43 @@ func TestLedgerBoundsQueuedPredictions(t *testing.T) {
 				t.Errorf("%d predictions again after the router took them", len(resp.Predicted))
 			}
 		})
+	}
+}
+
+// A router that reconnects within its lease gets the decisions the others made
+// meanwhile with what is left of their TTLs, not the TTLs they were sent with,
+// and not those that ran out.
+func TestLedgerHandsOnWhatIsLeftOfEachTTL(t *testing.T) {
+	m, err := newLedgerMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLoadLedger(time.Minute, time.Millisecond, 4, m, clusterLogger())
+	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	l.now = func() time.Time { return now }
+	for i, id := range []string{"away", "sender"} {
+		if err := l.open(&kvindexv1.ReportRequest{RouterId: id, Full: true}, uint64(i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.close("away", 1) // its stream is gone; the lease keeps it a minute
+	for _, ttl := range []uint32{5000, 20000} {
+		rep := &kvindexv1.ReportRequest{RouterId: "sender",
+			Predicted: []*kvindexv1.PredictedPrefix{{Worker: "w0", Keys: []uint64{uint64(ttl)}, TtlMs: ttl, RouterId: "sender"}},
+			Sessions:  []*kvindexv1.SessionBinding{{Key: fmt.Sprint(ttl), Worker: "w0", TtlMs: ttl}}}
+		if err := l.report("sender", 2, rep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now = now.Add(8 * time.Second)
+	if err := l.open(&kvindexv1.ReportRequest{RouterId: "away", Full: true}, 3); err != nil {
+		t.Fatal(err)
+	}
+	resp, _, _ := l.view("away", nil)
+	if len(resp.Predicted) != 1 || resp.Predicted[0].Keys[0] != 20000 || resp.Predicted[0].TtlMs != 12000 {
+		t.Errorf("predictions after 8 s away: %v, want only the 20 s one with 12000 ms left", resp.Predicted)
+	}
+	if len(resp.Sessions) != 1 || resp.Sessions[0].Key != "20000" || resp.Sessions[0].TtlMs != 12000 {
+		t.Errorf("bindings after 8 s away: %v, want only the 20 s one with 12000 ms left", resp.Sessions)
 	}
 }

@@ -1,0 +1,92 @@
+// Package ledgerq is the shared ledger's queue of decisions on their way to
+// other routers (LoadService.Report, docs/router.md): a router's outbox while
+// its stream to the leader is down, and the leader's queue for each router
+// between two pushes. Both sides bound it the same way (kvindexv1.LedgerMax*:
+// the newest LedgerMaxQueued predictions and as many session bindings, at most
+// LedgerMaxQueuedKeys predicted keys) and both hand on what is left of each
+// message's TTL, so a decision that waited (a stream down, an election, a
+// router reconnecting within its lease) is not taken as fresh, and an expired
+// one is not sent at all.
+//
+// A Queue is not safe for concurrent use: its owner's mutex guards it.
+package ledgerq
+
+import (
+	"time"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+)
+
+// Queue holds messages in arrival order. The zero value is empty and ready.
+type Queue struct {
+	predicted []item[*kvindexv1.PredictedPrefix]
+	keys      int // keys held in predicted
+	sessions  []item[*kvindexv1.SessionBinding]
+}
+
+type item[T any] struct {
+	msg T
+	at  time.Time
+}
+
+// Add queues messages that arrived at now, then drops the oldest beyond the
+// bounds. Callers keep each prediction within LedgerMaxPredictionKeys, fewer
+// than LedgerMaxQueuedKeys, so the newest always stays. Messages are not
+// modified, here or by Take, so one message may sit in many queues.
+func (q *Queue) Add(now time.Time, predicted []*kvindexv1.PredictedPrefix, sessions []*kvindexv1.SessionBinding) {
+	for _, p := range predicted {
+		q.predicted = append(q.predicted, item[*kvindexv1.PredictedPrefix]{p, now})
+		q.keys += len(p.Keys)
+	}
+	drop := 0
+	for len(q.predicted)-drop > kvindexv1.LedgerMaxQueued || q.keys > kvindexv1.LedgerMaxQueuedKeys {
+		q.keys -= len(q.predicted[drop].msg.Keys)
+		drop++
+	}
+	// Moving the start, not the entries: while a stream is down every decision
+	// drops one, and append copies what is kept only when the array's end is
+	// reached.
+	clear(q.predicted[:drop])
+	q.predicted = q.predicted[drop:]
+	for _, s := range sessions {
+		q.sessions = append(q.sessions, item[*kvindexv1.SessionBinding]{s, now})
+	}
+	if over := len(q.sessions) - kvindexv1.LedgerMaxQueued; over > 0 {
+		clear(q.sessions[:over])
+		q.sessions = q.sessions[over:]
+	}
+}
+
+// Keys is the number of predicted keys held.
+func (q *Queue) Keys() int { return q.keys }
+
+// Reset empties the queue.
+func (q *Queue) Reset() { *q = Queue{} }
+
+// Take empties the queue and returns, in arrival order, copies of the messages
+// whose TTL has not run out by now, each TTL cut to what is left of it.
+func (q *Queue) Take(now time.Time) ([]*kvindexv1.PredictedPrefix, []*kvindexv1.SessionBinding) {
+	var predicted []*kvindexv1.PredictedPrefix
+	for _, e := range q.predicted {
+		if ttl, ok := left(e.msg.TtlMs, now.Sub(e.at)); ok {
+			p := e.msg
+			predicted = append(predicted, &kvindexv1.PredictedPrefix{
+				Worker: p.Worker, DpRank: p.DpRank, Keys: p.Keys, TtlMs: ttl, RouterId: p.RouterId})
+		}
+	}
+	var sessions []*kvindexv1.SessionBinding
+	for _, e := range q.sessions {
+		if ttl, ok := left(e.msg.TtlMs, now.Sub(e.at)); ok {
+			s := e.msg
+			sessions = append(sessions, &kvindexv1.SessionBinding{Key: s.Key, Worker: s.Worker, TtlMs: ttl})
+		}
+	}
+	q.Reset()
+	return predicted, sessions
+}
+
+// left is what remains of ttlMs after waited, false when under a millisecond.
+func left(ttlMs uint32, waited time.Duration) (uint32, bool) {
+	rest := time.Duration(ttlMs)*time.Millisecond - waited
+	return uint32(rest / time.Millisecond), rest >= time.Millisecond
+}

@@ -1,0 +1,131 @@
+package ledgerq
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
+)
+
+var t0 = time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+
+func prediction(worker string, keys int, ttl time.Duration) *kvindexv1.PredictedPrefix {
+	return &kvindexv1.PredictedPrefix{Worker: worker, Keys: make([]uint64, keys), TtlMs: uint32(ttl / time.Millisecond)}
+}
+
+// Take hands on what is left of each TTL and drops what ran out.
+func TestTakeCutsEachTTLByItsWait(t *testing.T) {
+	var q Queue
+	q.Add(t0, []*kvindexv1.PredictedPrefix{prediction("a", 2, 10*time.Second)},
+		[]*kvindexv1.SessionBinding{{Key: "s1", Worker: "a", TtlMs: 30000}})
+	q.Add(t0.Add(4*time.Second), []*kvindexv1.PredictedPrefix{prediction("b", 1, 2*time.Second)},
+		[]*kvindexv1.SessionBinding{{Key: "s2", Worker: "b", TtlMs: 30000}})
+	pred, sess := q.Take(t0.Add(7 * time.Second)) // a: 3 s of 10 left; b's 2 s ran out
+	if len(pred) != 1 || pred[0].Worker != "a" || pred[0].TtlMs != 3000 {
+		t.Errorf("predictions %v, want only a's with 3000 ms left", pred)
+	}
+	if len(sess) != 2 || sess[0].TtlMs != 23000 || sess[1].TtlMs != 27000 {
+		t.Errorf("bindings %v, want s1 with 23000 ms and s2 with 27000 ms left", sess)
+	}
+	if pred, sess := q.Take(t0.Add(7 * time.Second)); len(pred)+len(sess) != 0 || q.Keys() != 0 {
+		t.Errorf("the queue still held %v %v (%d keys) after it was taken", pred, sess, q.Keys())
+	}
+}
+
+// One message may sit in the queues of many routers (the leader's fan-out):
+// taking it from one, later, must not change what another hands on.
+func TestTakeLeavesSharedMessagesAlone(t *testing.T) {
+	shared := prediction("a", 1, 10*time.Second)
+	binding := &kvindexv1.SessionBinding{Key: "s", Worker: "a", TtlMs: 10000}
+	var early, late Queue
+	early.Add(t0, []*kvindexv1.PredictedPrefix{shared}, []*kvindexv1.SessionBinding{binding})
+	late.Add(t0, []*kvindexv1.PredictedPrefix{shared}, []*kvindexv1.SessionBinding{binding})
+	late.Take(t0.Add(6 * time.Second))
+	pred, sess := early.Take(t0.Add(time.Second))
+	if len(pred) != 1 || pred[0].TtlMs != 9000 || len(sess) != 1 || sess[0].TtlMs != 9000 {
+		t.Errorf("after another queue took them at 6 s, this one hands on %v %v, want 9000 ms left", pred, sess)
+	}
+	if shared.TtlMs != 10000 || binding.TtlMs != 10000 {
+		t.Errorf("the queued messages were modified: %v %v", shared, binding)
+	}
+}
+
+// Take's copies carry every field of the message, not only those known when
+// it was written: each field the messages have is set here and compared.
+func TestTakeCopiesEveryField(t *testing.T) {
+	fill := func(m proto.Message) {
+		r := m.ProtoReflect()
+		fields := r.Descriptor().Fields()
+		for i := range fields.Len() {
+			f := fields.Get(i)
+			switch {
+			case f.Name() == "ttl_ms":
+				r.Set(f, protoreflect.ValueOfUint32(5000))
+			case f.IsList() && f.Kind() == protoreflect.Uint64Kind:
+				l := r.Mutable(f).List()
+				l.Append(protoreflect.ValueOfUint64(7))
+				l.Append(protoreflect.ValueOfUint64(9))
+			case f.Kind() == protoreflect.StringKind && !f.IsList():
+				r.Set(f, protoreflect.ValueOfString(string(f.Name())))
+			case f.Kind() == protoreflect.Uint32Kind && !f.IsList():
+				r.Set(f, protoreflect.ValueOfUint32(3))
+			default:
+				t.Fatalf("%s.%s (%v): a field of a kind this test does not fill; teach it, and Take to copy it",
+					r.Descriptor().Name(), f.Name(), f.Kind())
+			}
+		}
+	}
+	p, s := &kvindexv1.PredictedPrefix{}, &kvindexv1.SessionBinding{}
+	fill(p)
+	fill(s)
+	var q Queue
+	q.Add(t0, []*kvindexv1.PredictedPrefix{p}, []*kvindexv1.SessionBinding{s})
+	pred, sess := q.Take(t0)
+	if len(pred) != 1 || !proto.Equal(pred[0], p) {
+		t.Errorf("prediction copied as %v, want %v", pred, p)
+	}
+	if len(sess) != 1 || !proto.Equal(sess[0], s) {
+		t.Errorf("binding copied as %v, want %v", sess, s)
+	}
+}
+
+// The bounds: the newest LedgerMaxQueued of each kind, at most
+// LedgerMaxQueuedKeys predicted keys, in order.
+func TestAddKeepsTheNewestWithinTheBounds(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		n, keys   int // predictions added one at a time, keys each
+		wantCount int
+	}{
+		{"few keys: the count bound", kvindexv1.LedgerMaxQueued + 100, 4, kvindexv1.LedgerMaxQueued},
+		{"long prompts: the key bound", 40, kvindexv1.LedgerMaxPredictionKeys, kvindexv1.LedgerMaxQueuedKeys / kvindexv1.LedgerMaxPredictionKeys},
+		{"under both", 10, 100, 10},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var q Queue
+			for i := range c.n {
+				q.Add(t0, []*kvindexv1.PredictedPrefix{prediction(fmt.Sprint(i), c.keys, time.Minute)},
+					[]*kvindexv1.SessionBinding{{Key: fmt.Sprint(i), TtlMs: 60000}})
+				if q.Keys() > kvindexv1.LedgerMaxQueuedKeys {
+					t.Fatalf("%d keys held after %d predictions, bound %d", q.Keys(), i+1, kvindexv1.LedgerMaxQueuedKeys)
+				}
+			}
+			pred, sess := q.Take(t0)
+			if len(pred) != c.wantCount {
+				t.Fatalf("%d predictions kept, want %d", len(pred), c.wantCount)
+			}
+			for i, p := range pred {
+				if want := fmt.Sprint(c.n - c.wantCount + i); p.Worker != want {
+					t.Fatalf("kept prediction %d is #%s, want #%s (the newest, in order)", i, p.Worker, want)
+				}
+			}
+			if want := min(c.n, kvindexv1.LedgerMaxQueued); len(sess) != want || sess[len(sess)-1].Key != fmt.Sprint(c.n-1) {
+				t.Errorf("%d bindings kept, want the newest %d", len(sess), want)
+			}
+		})
+	}
+}
