@@ -5,24 +5,44 @@ import "math/bits"
 // edgeTable maps (parent node, key) to the child node: open addressing with linear
 // probing and backward-shift deletion. A slot is tag<<32 | child, where tag is the
 // top 32 bits of the edge's hash; 0 is an empty slot (node 0 is never a child).
-// The slot index is the top log2(len) bits of the hash, so it can be recomputed
-// from the tag alone when growing or shifting. The key itself lives in the child
-// node, which a lookup reads anyway: 8 bytes a slot instead of a 24-byte map entry.
+// The key itself lives in the child node, which a lookup reads anyway: 8 bytes a
+// slot instead of a 24-byte map entry.
+//
+// Like blockTable, the table is split into shards by the hash's top bits
+// (extendible hashing), so that growing rehashes one shard of at most
+// maxEdgeShardSlots, never the whole table, under the index's write lock. A
+// shard's slot index is the tag's low bits, so the directory (the top bits) and
+// the slot are both recomputed from the tag alone when growing, splitting or
+// shifting; they overlap only past 2^19 shards, billions of edges, where the
+// shards would fill unevenly but stay correct.
 type edgeTable struct {
-	slots []uint64
-	shift uint // 64 - log2(len(slots))
-	count int  // occupied slots
+	dir   []edgeDirEntry // 1<<depth entries, indexed by the hash's top depth bits
+	depth uint
+	count int // occupied slots
 	seed  uint64
 }
 
-const minEdgeSlots = 16
+// edgeDirEntry names a shard and repeats its slots (see dirEntry).
+type edgeDirEntry struct {
+	slots []uint64
+	shard *edgeShard
+}
+
+// edgeShard holds the edges whose hash starts with its depth-bit prefix.
+type edgeShard struct {
+	slots []uint64 // a power of two long
+	count int
+	depth uint
+}
+
+const (
+	minEdgeSlots      = 16
+	maxEdgeShardSlots = 1 << 13 // 64 KiB: split in well under a millisecond
+)
 
 func newEdgeTable(seed uint64) edgeTable {
-	return edgeTable{
-		slots: make([]uint64, minEdgeSlots),
-		shift: 64 - 4,
-		seed:  seed,
-	}
+	s := &edgeShard{slots: make([]uint64, minEdgeSlots)}
+	return edgeTable{dir: []edgeDirEntry{{slots: s.slots, shard: s}}, seed: seed}
 }
 
 func (t *edgeTable) hash(parent uint32, key uint64) uint64 {
@@ -30,18 +50,27 @@ func (t *edgeTable) hash(parent uint32, key uint64) uint64 {
 	return hi ^ lo
 }
 
+// entry returns the directory entry of hash h (a shift by 64 is 0 in Go).
+func (t *edgeTable) entry(h uint64) *edgeDirEntry { return &t.dir[h>>(64-t.depth)] }
+
+// edgeHome is slot s's (or hash h's: the tag is its top bits) home in slots.
+func edgeHome(s uint64, slots []uint64) uint64 { return s >> 32 & uint64(len(slots)-1) }
+
 // peek reads the edge's home slot (see state.prefetch).
 func (t *edgeTable) peek(parent uint32, key uint64) uint64 {
-	return t.slots[t.hash(parent, key)>>t.shift]
+	h := t.hash(parent, key)
+	slots := t.entry(h).slots
+	return slots[edgeHome(h, slots)]
 }
 
 // find returns the child of parent with key, or 0.
 func (t *edgeTable) find(nodes *nodeArena, parent uint32, key uint64) uint32 {
 	h := t.hash(parent, key)
 	tag := h >> 32
-	mask := uint64(len(t.slots) - 1)
-	for i := h >> t.shift; ; i = (i + 1) & mask {
-		s := t.slots[i]
+	slots := t.entry(h).slots
+	mask := uint64(len(slots) - 1)
+	for i := edgeHome(h, slots); ; i = (i + 1) & mask {
+		s := slots[i]
 		if s == 0 {
 			return 0
 		}
@@ -56,50 +85,95 @@ func (t *edgeTable) find(nodes *nodeArena, parent uint32, key uint64) uint32 {
 
 // insert adds the edge; the caller knows it is absent.
 func (t *edgeTable) insert(parent uint32, key uint64, child uint32) {
-	if (t.count+1)*4 > len(t.slots)*3 {
-		t.grow()
-	}
 	h := t.hash(parent, key)
-	t.place(h>>32<<32 | uint64(child))
+	s := t.entry(h).shard
+	if (s.count+1)*4 > len(s.slots)*3 {
+		t.grow(s, h)
+		s = t.entry(h).shard
+	}
+	t.place(s, h>>32<<32|uint64(child))
 	t.count++
 }
 
-func (t *edgeTable) place(s uint64) {
-	mask := uint64(len(t.slots) - 1)
-	i := s >> t.shift // the tag holds the hash's top bits
-	for t.slots[i] != 0 {
+func (t *edgeTable) place(s *edgeShard, slot uint64) {
+	mask := uint64(len(s.slots) - 1)
+	i := edgeHome(slot, s.slots)
+	for s.slots[i] != 0 {
 		i = (i + 1) & mask
 	}
-	t.slots[i] = s
+	s.slots[i] = slot
+	s.count++
 }
 
-func (t *edgeTable) grow() {
-	old := t.slots
-	t.slots = make([]uint64, 2*len(old))
-	t.shift--
-	for _, s := range old {
-		if s != 0 {
-			t.place(s)
+// grow makes room in s, the shard of hash h: it doubles a shard below
+// maxEdgeShardSlots and splits one at it.
+func (t *edgeTable) grow(s *edgeShard, h uint64) {
+	if len(s.slots) < maxEdgeShardSlots {
+		bigger := &edgeShard{slots: make([]uint64, 2*len(s.slots)), depth: s.depth}
+		t.refill(bigger, nil, s)
+		t.replace(s, h, bigger, bigger)
+		return
+	}
+	if s.depth == t.depth {
+		dir := make([]edgeDirEntry, 2*len(t.dir))
+		for i := range dir {
+			dir[i] = t.dir[i>>1]
 		}
+		t.dir, t.depth = dir, t.depth+1
+	}
+	low := &edgeShard{slots: make([]uint64, len(s.slots)), depth: s.depth + 1}
+	high := &edgeShard{slots: make([]uint64, len(s.slots)), depth: s.depth + 1}
+	t.refill(low, high, s)
+	t.replace(s, h, low, high)
+}
+
+// refill moves from's slots to low, or to high when high is not nil and the
+// bit below from's prefix is set.
+func (t *edgeTable) refill(low, high, from *edgeShard) {
+	split := uint64(1) << (63 - from.depth)
+	for _, slot := range from.slots {
+		switch {
+		case slot == 0:
+		case high != nil && slot&split != 0:
+			t.place(high, slot)
+		default:
+			t.place(low, slot)
+		}
+	}
+}
+
+// replace points the directory entries of old (the shard of hash h) at low
+// and high: the first half of them at low, the second at high.
+func (t *edgeTable) replace(old *edgeShard, h uint64, low, high *edgeShard) {
+	span := uint64(1) << (t.depth - old.depth)
+	first := h >> (64 - t.depth) &^ (span - 1)
+	for i := range span {
+		s := high
+		if i < span/2 || span == 1 {
+			s = low
+		}
+		t.dir[first+i] = edgeDirEntry{slots: s.slots, shard: s}
 	}
 }
 
 // remove deletes the edge to child; it must be present.
 func (t *edgeTable) remove(parent uint32, key uint64, child uint32) {
-	mask := uint64(len(t.slots) - 1)
-	i := t.hash(parent, key) >> t.shift
-	for uint32(t.slots[i]) != child {
+	h := t.hash(parent, key)
+	s := t.entry(h).shard
+	mask := uint64(len(s.slots) - 1)
+	i := edgeHome(h, s.slots)
+	for uint32(s.slots[i]) != child {
 		i = (i + 1) & mask
 	}
 	// Backward shift: pull later entries of the probe run into the hole when their
 	// home slot does not lie cyclically in (hole, j].
-	for j := (i + 1) & mask; t.slots[j] != 0; j = (j + 1) & mask {
-		home := t.slots[j] >> t.shift
-		if (j-home)&mask >= (j-i)&mask {
-			t.slots[i] = t.slots[j]
+	for j := (i + 1) & mask; s.slots[j] != 0; j = (j + 1) & mask {
+		if (j-edgeHome(s.slots[j], s.slots))&mask >= (j-i)&mask {
+			s.slots[i] = s.slots[j]
 			i = j
 		}
 	}
-	t.slots[i] = 0
+	s.slots[i] = 0
+	s.count--
 	t.count--
 }
