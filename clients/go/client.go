@@ -107,7 +107,8 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	if c.opts.TLS != nil {
 		creds = credentials.NewTLS(c.opts.TLS)
 	}
-	// Fixed windows first, so that the caller's DialOptions can change them.
+	// Fixed windows first, so that the caller's DialOptions can change their
+	// sizes (grpc-go has no option that turns its estimator back on).
 	opts := append(kvindexv1.FlowControlDialOptions(), grpc.WithTransportCredentials(creds))
 	cc, err := grpc.NewClient(addr, append(opts, c.opts.DialOptions...)...)
 	if err != nil {

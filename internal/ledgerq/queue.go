@@ -12,6 +12,7 @@
 package ledgerq
 
 import (
+	"math"
 	"time"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
@@ -31,15 +32,16 @@ type item[T any] struct {
 
 // Add queues messages that arrived at now, then drops the oldest beyond the
 // bounds. Callers keep each prediction within LedgerMaxPredictionKeys, fewer
-// than LedgerMaxQueuedKeys, so the newest always stays. Messages are not
-// modified, here or by Take, so one message may sit in many queues.
+// than LedgerMaxQueuedKeys, so the newest always stays (one over it would be
+// dropped too). Messages are not modified, here or by Take, so one message may
+// sit in many queues.
 func (q *Queue) Add(now time.Time, predicted []*kvindexv1.PredictedPrefix, sessions []*kvindexv1.SessionBinding) {
 	for _, p := range predicted {
 		q.predicted = append(q.predicted, item[*kvindexv1.PredictedPrefix]{p, now})
 		q.keys += len(p.Keys)
 	}
 	drop := 0
-	for len(q.predicted)-drop > kvindexv1.LedgerMaxQueued || q.keys > kvindexv1.LedgerMaxQueuedKeys {
+	for drop < len(q.predicted) && (len(q.predicted)-drop > kvindexv1.LedgerMaxQueued || q.keys > kvindexv1.LedgerMaxQueuedKeys) {
 		q.keys -= len(q.predicted[drop].msg.Keys)
 		drop++
 	}
@@ -64,29 +66,44 @@ func (q *Queue) Keys() int { return q.keys }
 func (q *Queue) Reset() { *q = Queue{} }
 
 // Take empties the queue and returns, in arrival order, copies of the messages
-// whose TTL has not run out by now, each TTL cut to what is left of it.
+// whose TTL has not run out by now, each TTL cut to what is left of it. The
+// copies keep the fields this build does not know (a newer router's, passing
+// through an older leader during a rolling upgrade).
 func (q *Queue) Take(now time.Time) ([]*kvindexv1.PredictedPrefix, []*kvindexv1.SessionBinding) {
 	var predicted []*kvindexv1.PredictedPrefix
 	for _, e := range q.predicted {
 		if ttl, ok := left(e.msg.TtlMs, now.Sub(e.at)); ok {
 			p := e.msg
-			predicted = append(predicted, &kvindexv1.PredictedPrefix{
-				Worker: p.Worker, DpRank: p.DpRank, Keys: p.Keys, TtlMs: ttl, RouterId: p.RouterId})
+			c := &kvindexv1.PredictedPrefix{Worker: p.Worker, DpRank: p.DpRank, Keys: p.Keys, TtlMs: ttl, RouterId: p.RouterId}
+			c.ProtoReflect().SetUnknown(p.ProtoReflect().GetUnknown())
+			predicted = append(predicted, c)
 		}
 	}
 	var sessions []*kvindexv1.SessionBinding
 	for _, e := range q.sessions {
 		if ttl, ok := left(e.msg.TtlMs, now.Sub(e.at)); ok {
 			s := e.msg
-			sessions = append(sessions, &kvindexv1.SessionBinding{Key: s.Key, Worker: s.Worker, TtlMs: ttl})
+			c := &kvindexv1.SessionBinding{Key: s.Key, Worker: s.Worker, TtlMs: ttl}
+			c.ProtoReflect().SetUnknown(s.ProtoReflect().GetUnknown())
+			sessions = append(sessions, c)
 		}
 	}
 	q.Reset()
 	return predicted, sessions
 }
 
-// left is what remains of ttlMs after waited, false when under a millisecond.
+// left is what remains of ttlMs after waited (a clock stepping back counts as
+// no wait), false when under a millisecond.
 func left(ttlMs uint32, waited time.Duration) (uint32, bool) {
-	rest := time.Duration(ttlMs)*time.Millisecond - waited
+	rest := time.Duration(ttlMs)*time.Millisecond - max(waited, 0)
 	return uint32(rest / time.Millisecond), rest >= time.Millisecond
+}
+
+// TTLMs is d in the messages' milliseconds, at most what they can carry (~49
+// days) and at least 1 ms for a positive d, which would otherwise not be shared.
+func TTLMs(d time.Duration) uint32 {
+	if d <= 0 {
+		return 0
+	}
+	return uint32(min(max(d/time.Millisecond, 1), math.MaxUint32))
 }

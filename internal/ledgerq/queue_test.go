@@ -2,6 +2,7 @@ package ledgerq
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -127,5 +128,70 @@ func TestAddKeepsTheNewestWithinTheBounds(t *testing.T) {
 				t.Errorf("%d bindings kept, want the newest %d", len(sess), want)
 			}
 		})
+	}
+}
+
+// Edges of the TTL cut: exactly run out, a millisecond left, a clock that
+// stepped back, and fields a newer build added (kept through the copy).
+func TestTakeAtTheEdges(t *testing.T) {
+	newer := prediction("a", 1, 10*time.Second)
+	// Field 99, varint 1: what a newer router could send that this build does
+	// not know.
+	newer.ProtoReflect().SetUnknown(protoreflect.RawFields{0x98, 0x06, 0x01})
+	for _, c := range []struct {
+		name    string
+		waited  time.Duration
+		wantTTL uint32 // 0: dropped
+	}{
+		{"ran out exactly", 10 * time.Second, 0},
+		{"a millisecond left", 10*time.Second - time.Millisecond, 1},
+		{"under a millisecond left", 10*time.Second - time.Microsecond, 0},
+		{"the clock stepped back", -time.Hour, 10000},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var q Queue
+			q.Add(t0, []*kvindexv1.PredictedPrefix{newer}, nil)
+			pred, _ := q.Take(t0.Add(c.waited))
+			switch {
+			case c.wantTTL == 0 && len(pred) != 0:
+				t.Fatalf("handed on %v, want it dropped", pred)
+			case c.wantTTL == 0:
+			case len(pred) != 1 || pred[0].TtlMs != c.wantTTL:
+				t.Fatalf("handed on %v, want TTL %d ms", pred, c.wantTTL)
+			case string(pred[0].ProtoReflect().GetUnknown()) != string(newer.ProtoReflect().GetUnknown()):
+				t.Fatalf("unknown fields %x, want %x kept", pred[0].ProtoReflect().GetUnknown(), newer.ProtoReflect().GetUnknown())
+			}
+		})
+	}
+}
+
+// More than the bound in one Add keeps the newest.
+func TestAddOfMoreThanTheBoundAtOnce(t *testing.T) {
+	var batch []*kvindexv1.PredictedPrefix
+	for i := range kvindexv1.LedgerMaxQueued + 10 {
+		batch = append(batch, prediction(fmt.Sprint(i), 1, time.Minute))
+	}
+	var q Queue
+	q.Add(t0, batch, nil)
+	pred, _ := q.Take(t0)
+	if len(pred) != kvindexv1.LedgerMaxQueued || pred[0].Worker != "10" {
+		t.Fatalf("kept %d from #%s, want the newest %d from #10", len(pred), pred[0].Worker, kvindexv1.LedgerMaxQueued)
+	}
+}
+
+func TestTTLMs(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want uint32
+	}{
+		{0, 0},
+		{-time.Second, 0},
+		{time.Microsecond, 1}, // positive: still shared
+		{5 * time.Second, 5000},
+		{100 * 24 * time.Hour, math.MaxUint32}, // past what the field carries
+	} {
+		if got := TTLMs(c.d); got != c.want {
+			t.Errorf("TTLMs(%v) = %d, want %d", c.d, got, c.want)
+		}
 	}
 }

@@ -97,11 +97,11 @@ func (f *fleetLedger) queue(keys []uint64, t Target, sessionKey string, predicte
 		// with it); the leading blocks are the ones other prompts share.
 		keys = keys[:min(len(keys), kvindexv1.LedgerMaxPredictionKeys)]
 		predicted = []*kvindexv1.PredictedPrefix{{
-			Worker: t.Worker, DpRank: t.Rank, Keys: keys, TtlMs: uint32(predictedTTL / time.Millisecond), RouterId: f.id}}
+			Worker: t.Worker, DpRank: t.Rank, Keys: keys, TtlMs: ledgerq.TTLMs(predictedTTL), RouterId: f.id}}
 	}
 	var sessions []*kvindexv1.SessionBinding
 	if sessionKey != "" {
-		sessions = []*kvindexv1.SessionBinding{{Key: sessionKey, Worker: t.Worker, TtlMs: uint32(sessionTTL / time.Millisecond)}}
+		sessions = []*kvindexv1.SessionBinding{{Key: sessionKey, Worker: t.Worker, TtlMs: ledgerq.TTLMs(sessionTTL)}}
 	}
 	now := f.r.now()
 	f.mu.Lock()

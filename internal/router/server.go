@@ -57,8 +57,9 @@ type Router struct {
 	eppAddr    atomic.Value // string: the EPP's bound address, once listening
 	kubeSource WorkerSource // nil without --kube-selector
 
-	// pickMu makes load snapshot, pick and reservation one step, so that
-	// concurrent decisions see each other's load.
+	// pickMu makes the read of the router's own decisions (predicted overlay,
+	// session bindings), load snapshot, pick, reservation and breaker probe one
+	// step, so that concurrent decisions see each other (doc.go).
 	pickMu sync.Mutex
 }
 

@@ -207,10 +207,15 @@ func (l *loadLedger) report(id string, session uint64, rep *kvindexv1.ReportRequ
 	defer l.mu.Unlock()
 	r := l.routers[id]
 	if r == nil || r.session != session {
-		return fmt.Errorf("%w: router %q reconnected on another stream", ErrFailedPrecondition, id)
+		return errReplaced(id)
 	}
 	l.applyLocked(id, r, rep)
 	return nil
+}
+
+// errReplaced ends a stream whose router reconnected on another one.
+func errReplaced(id string) error {
+	return fmt.Errorf("%w: router %q reconnected on another stream", ErrFailedPrecondition, id)
 }
 
 // validateReport checks a whole report before any of it is applied, so a bad
@@ -273,19 +278,26 @@ func (l *loadLedger) close(id string, session uint64) {
 	if r := l.routers[id]; r != nil && r.session == session {
 		r.session = 0
 		r.leaseUntil = l.now().Add(l.lease)
-		r.queue.Reset()
+		// The queue stays, as it fills on while the lease runs: a reconnect gets
+		// what is left of each message (ledgerq).
 	}
 }
 
-// view returns what router id should see: the total minus its own load, as the
-// changes against last (or whole, when last is nil), plus its queued messages.
-// It also returns the channel that the next change closes.
-func (l *loadLedger) view(id string, last map[ledgerTarget]ledgerLoad) (*kvindexv1.ReportResponse, map[ledgerTarget]ledgerLoad, <-chan struct{}) {
+// view returns what router id should see on its stream session: the total
+// minus its own load, as the changes against last (or whole, when last is nil),
+// plus its queued messages. It also returns the channel that the next change
+// closes. It fails when the router reconnected on another stream, which must
+// not take the new stream's messages (a partitioned router's old stream lives
+// on until keepalive ends it).
+func (l *loadLedger) view(id string, session uint64, last map[ledgerTarget]ledgerLoad) (*kvindexv1.ReportResponse, map[ledgerTarget]ledgerLoad, <-chan struct{}, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
 	l.expireLocked(now)
 	r := l.routers[id]
+	if r != nil && r.session != session {
+		return nil, nil, nil, errReplaced(id)
+	}
 	resp := &kvindexv1.ReportResponse{Routers: uint32(len(l.routers)), Full: last == nil}
 	next := make(map[ledgerTarget]ledgerLoad, len(l.total))
 	for t, sum := range l.total {
@@ -310,7 +322,7 @@ func (l *loadLedger) view(id string, last map[ledgerTarget]ledgerLoad) (*kvindex
 	if r != nil {
 		resp.Predicted, resp.Sessions = r.queue.Take(now)
 	}
-	return resp, next, l.changed
+	return resp, next, l.changed, nil
 }
 
 // ledgerHeartbeat is the longest a router waits for a push, changed or not, so
@@ -373,7 +385,10 @@ func (s loadService) Report(stream kvindexv1.LoadService_ReportServer) error {
 	leaderCheck := time.NewTicker(250 * time.Millisecond)
 	defer leaderCheck.Stop()
 	for {
-		resp, next, changed := l.view(id, last)
+		resp, next, changed, err := l.view(id, session, last)
+		if err != nil {
+			return err
+		}
 		version++
 		resp.Version = version
 		if err := stream.Send(resp); err != nil {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -436,7 +437,7 @@ func TestLedgerBoundsQueuedPredictions(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			resp, _, _ := l.view("slow", nil)
+			resp, _, _, _ := l.view("slow", 1, nil)
 			if len(resp.Predicted) != c.wantCount {
 				t.Fatalf("%d predictions queued, want %d", len(resp.Predicted), c.wantCount)
 			}
@@ -445,7 +446,7 @@ func TestLedgerBoundsQueuedPredictions(t *testing.T) {
 					t.Fatalf("queued prediction %d is #%d, want #%d (the newest, in order)", i, p.Keys[0], want)
 				}
 			}
-			if resp, _, _ := l.view("slow", nil); len(resp.Predicted) != 0 {
+			if resp, _, _, _ := l.view("slow", 1, nil); len(resp.Predicted) != 0 {
 				t.Errorf("%d predictions again after the router took them", len(resp.Predicted))
 			}
 		})
@@ -481,7 +482,15 @@ func TestLedgerHandsOnWhatIsLeftOfEachTTL(t *testing.T) {
 	if err := l.open(&kvindexv1.ReportRequest{RouterId: "away", Full: true}, 3); err != nil {
 		t.Fatal(err)
 	}
-	resp, _, _ := l.view("away", nil)
+	// The stream the router left (its session 1) may live on until keepalive
+	// ends it: it must end now, without taking the new stream's messages.
+	if _, _, _, err := l.view("away", 1, nil); !errors.Is(err, ErrFailedPrecondition) {
+		t.Fatalf("the replaced stream's view: %v, want FailedPrecondition", err)
+	}
+	resp, _, _, err := l.view("away", 3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(resp.Predicted) != 1 || resp.Predicted[0].Keys[0] != 20000 || resp.Predicted[0].TtlMs != 12000 {
 		t.Errorf("predictions after 8 s away: %v, want only the 20 s one with 12000 ms left", resp.Predicted)
 	}

@@ -345,9 +345,11 @@ type ReportResponse struct {
 	// nothing from them; otherwise only targets whose sum changed are listed (a
 	// zero load clears one).
 	Loads []*TargetLoad `protobuf:"bytes,1,rep,name=loads,proto3" json:"loads,omitempty"`
-	// The other routers' decisions since the last push.
+	// The other routers' decisions since the last push (after a reconnect within
+	// the lease, since the last push on the old stream), each with what is left
+	// of its TTL; expired ones are not sent.
 	Predicted []*PredictedPrefix `protobuf:"bytes,2,rep,name=predicted,proto3" json:"predicted,omitempty"`
-	// The other routers' session bindings since the last push.
+	// The other routers' session bindings, as predicted.
 	Sessions []*SessionBinding `protobuf:"bytes,3,rep,name=sessions,proto3" json:"sessions,omitempty"`
 	// Routers with a live stream or an unexpired lease, the receiver included.
 	Routers uint32 `protobuf:"varint,4,opt,name=routers,proto3" json:"routers,omitempty"`

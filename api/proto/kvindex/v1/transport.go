@@ -9,8 +9,9 @@ import "google.golang.org/grpc"
 // time that is a ping and its ack for every query, on each side. With both
 // sides fixed a Score costs each process ~20 % less CPU (bench/RESULTS.md,
 // "Fixed flow-control windows"). 1 MiB covers a 1 GB/s stream at 1 ms round
-// trip, and bounds what a peer can make the other buffer per connection (the
-// estimator lets it grow to 16 MiB).
+// trip (20 MB/s at 50 ms: a Watch or Dump across regions is slower than the
+// estimator would let it be), and holds each stream's unread data to 1 MiB,
+// where the estimator lets a window grow to 16 MiB.
 const FlowControlWindow = 1 << 20
 
 // FlowControlServerOptions fixes a server's receive windows at FlowControlWindow.
