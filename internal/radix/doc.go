@@ -82,7 +82,7 @@
 // WriteTo writes a versioned, checksummed, canonical snapshot (workers, nodes and
 // hashes in sorted order, see snapshot.go); ReadFrom replaces the content with
 // one, or returns an error and changes nothing. Snapshot takes a consistent copy
-// of the content (the flat arrays of the tree and the worker tables) that writes
+// of the content (the node arena's chunks and the worker tables' shards) that writes
 // the same bytes later, with no lock held: WriteTo and Digest are Snapshot
 // followed by writing it. Digest is SHA-256 of that canonical
 // form, so it depends only on the logical content (workers, their blocks with

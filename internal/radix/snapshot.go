@@ -44,8 +44,8 @@ func (ix *Index) WriteTo(w io.Writer) (int64, error) {
 // Snapshot is a consistent copy of an Index's content, taken by Index.Snapshot,
 // that writes the snapshot the index would have written at that moment. Writing
 // 1M nodes takes about a third of a second, sorting and encoding; a Snapshot
-// holds the index's read lock only to copy its flat arrays (the node arena and
-// the workers' hash tables, a few milliseconds), and writes from the copy with
+// holds the index's read lock only to copy the node arena's chunks and the
+// workers' hash tables' shards (milliseconds), and writes from the copy with
 // no lock. It costs about the memory of the node arena and the workers' tables
 // until it is dropped. Its methods only read it: they may run concurrently.
 type Snapshot struct {
