@@ -13,8 +13,9 @@ type nodeArena struct {
 }
 
 const (
-	arenaChunkBits = 14
-	arenaChunk     = 1 << arenaChunkBits // nodes per chunk: 512 KiB
+	// 4k nodes, 128 KiB: the least every index and every Snapshot allocates.
+	arenaChunkBits = 12
+	arenaChunk     = 1 << arenaChunkBits
 )
 
 type nodeChunk [arenaChunk]node

@@ -35,7 +35,7 @@ func TestBlockTableAgreesWithAMap(t *testing.T) {
 			for range tc.inserts {
 				add()
 			}
-			check(t, &table, model)
+			checkBlockTable(t, &table, model)
 			for range tc.churn {
 				k := rng.IntN(len(present))
 				h := present[k]
@@ -46,12 +46,12 @@ func TestBlockTableAgreesWithAMap(t *testing.T) {
 				table.delete(h) // absent now: a no-op
 				add()
 			}
-			check(t, &table, model)
+			checkBlockTable(t, &table, model)
 			for _, h := range present[:len(present)/2] { // shrink the count, keep the shards
 				delete(model, h)
 				table.delete(h)
 			}
-			check(t, &table, model)
+			checkBlockTable(t, &table, model)
 			if tc.inserts > maxShardSlots && table.depth == 0 {
 				t.Fatalf("%d entries in one shard: the table never split", table.count)
 			}
@@ -59,7 +59,7 @@ func TestBlockTableAgreesWithAMap(t *testing.T) {
 	}
 }
 
-func check(t *testing.T, table *blockTable, model map[uint64]entry) {
+func checkBlockTable(t *testing.T, table *blockTable, model map[uint64]entry) {
 	t.Helper()
 	if table.count != len(model) {
 		t.Fatalf("count %d, want %d", table.count, len(model))
@@ -67,6 +67,13 @@ func check(t *testing.T, table *blockTable, model map[uint64]entry) {
 	for h, want := range model {
 		if got, ok := table.get(h); !ok || got != want {
 			t.Fatalf("get(%x) = %v, %v; want %v", h, got, ok, want)
+		}
+	}
+	for range 1000 {
+		if h := rand.Uint64(); model[h] == (entry{}) {
+			if e, ok := table.get(h); ok {
+				t.Fatalf("get(%x) = %v for a hash never set", h, e)
+			}
 		}
 	}
 	if got := maps.Collect(table.all()); !maps.Equal(got, model) {
@@ -84,14 +91,63 @@ func check(t *testing.T, table *blockTable, model map[uint64]entry) {
 	if copied != len(model) {
 		t.Fatalf("copySlots holds %d entries, want %d", copied, len(model))
 	}
-	shards := 0
+	// The directory: every entry repeats its shard's slots, a shard of local
+	// depth d fills the 1<<(depth-d) entries of its prefix, and every hash in
+	// it has that prefix; the shards' counts add up.
+	counted := 0
 	for s := range table.shards() {
-		shards++
+		counted += s.count
 		if len(s.slots) > maxShardSlots {
 			t.Fatalf("a shard of %d slots, over %d", len(s.slots), maxShardSlots)
 		}
 	}
-	if shards > len(table.dir) {
-		t.Fatalf("%d shards for %d directory entries", shards, len(table.dir))
+	if counted != table.count {
+		t.Fatalf("shards count %d entries, the table %d", counted, table.count)
 	}
+	for i, d := range table.dir {
+		if &d.slots[0] != &d.shard.slots[0] || len(d.slots) != len(d.shard.slots) {
+			t.Fatalf("directory entry %d does not repeat its shard's slots", i)
+		}
+		prefix := uint64(i) >> (table.depth - d.shard.depth)
+		for _, slot := range d.slots {
+			if slot.node != 0 && table.mix(slot.hash)>>(64-d.shard.depth) != prefix && d.shard.depth > 0 {
+				t.Fatalf("directory entry %d: hash %x outside its shard's prefix %b", i, slot.hash, prefix)
+			}
+		}
+	}
+}
+
+// TestBlockTableSplitsUnevenly fills one corner of the hash space until its
+// shards are several levels deeper than the rest, then splits a shallow shard
+// that fills many directory entries (the case random hashes never reach).
+func TestBlockTableSplitsUnevenly(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	table := newBlockTable(rng.Uint64())
+	model := map[uint64]entry{}
+	fill := func(n int, top uint64) { // n hashes whose mix has top 3 bits == top
+		for added := 0; added < n; {
+			h := rng.Uint64()
+			if table.mix(h)>>61 != top {
+				continue
+			}
+			e := entry{node: uint32(added + 1), tiers: 1}
+			model[h] = e
+			table.set(h, e)
+			added++
+		}
+	}
+	fill(12*maxShardSlots, 0b111)
+	if table.depth < 4 {
+		t.Fatalf("directory depth %d after filling one corner, want >= 4", table.depth)
+	}
+	shallow := table.dir[0].shard
+	if span := 1 << (table.depth - shallow.depth); span < 4 {
+		t.Fatalf("the shard of prefix 0 fills %d directory entries, want >= 4", span)
+	}
+	checkBlockTable(t, &table, model)
+	fill(2*maxShardSlots, 0b000) // splits the shallow shard of many entries
+	if table.dir[0].shard == shallow {
+		t.Fatal("the shallow shard never split")
+	}
+	checkBlockTable(t, &table, model)
 }

@@ -46,7 +46,8 @@ func newEdgeTable(seed uint64) edgeTable {
 }
 
 func (t *edgeTable) hash(parent uint32, key uint64) uint64 {
-	hi, lo := bits.Mul64(key^t.seed, uint64(parent)<<1|1^0x9E3779B97F4A7C15)
+	// An odd multiplier per parent: 2·parent (even) XOR an odd constant.
+	hi, lo := bits.Mul64(key^t.seed, uint64(parent)<<1^0x9E3779B97F4A7C15)
 	return hi ^ lo
 }
 

@@ -77,3 +77,54 @@ func TestEdgeTableAgreesWithAMap(t *testing.T) {
 		})
 	}
 }
+
+// TestEdgeTableSplitsUnevenly is TestBlockTableSplitsUnevenly for edges.
+func TestEdgeTableSplitsUnevenly(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 3))
+	table := newEdgeTable(rng.Uint64())
+	var nodes nodeArena
+	nodes.push(node{parent: noNode})
+	fill := func(n int, top uint64) { // n edges whose hash has top 3 bits == top
+		for added := 0; added < n; {
+			parent, key := rng.Uint32N(64)+1, rng.Uint64()
+			if table.hash(parent, key)>>61 != top {
+				continue
+			}
+			table.insert(parent, key, nodes.push(node{key: key, parent: parent}))
+			added++
+		}
+	}
+	check := func() {
+		t.Helper()
+		if table.count != nodes.len()-1 {
+			t.Fatalf("count %d, want %d", table.count, nodes.len()-1)
+		}
+		for c := uint32(1); int(c) < nodes.len(); c++ {
+			if n := nodes.at(c); table.find(&nodes, n.parent, n.key) != c {
+				t.Fatalf("edge to node %d not found", c)
+			}
+		}
+		for i, d := range table.dir {
+			if &d.slots[0] != &d.shard.slots[0] {
+				t.Fatalf("directory entry %d does not repeat its shard's slots", i)
+			}
+			prefix := uint64(i) >> (table.depth - d.shard.depth)
+			for _, slot := range d.slots {
+				if slot != 0 && d.shard.depth > 0 && slot>>(64-d.shard.depth) != prefix {
+					t.Fatalf("directory entry %d: slot %x outside its shard's prefix %b", i, slot, prefix)
+				}
+			}
+		}
+	}
+	fill(12*maxEdgeShardSlots, 0b111)
+	shallow := table.dir[0].shard
+	if span := 1 << (table.depth - shallow.depth); span < 4 {
+		t.Fatalf("the shard of prefix 0 fills %d directory entries, want >= 4", span)
+	}
+	check()
+	fill(2*maxEdgeShardSlots, 0b000)
+	if table.dir[0].shard == shallow {
+		t.Fatal("the shallow shard never split")
+	}
+	check()
+}
