@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"sync"
@@ -89,6 +90,48 @@ func TestKVAwareFollowsTheCachedPrefix(t *testing.T) {
 	}
 	wg.Wait()
 	rt.assertNoLoad(t, f.ids)
+}
+
+// A worker left out of one attempt's candidates (busy then, or tried) keeps
+// its indexed overlap for the request's next attempt: the indexer is asked
+// once per request, for every worker of the pool, not only for the first
+// attempt's candidates.
+func TestARetriedDecisionSeesTheOverlapOfAWorkerLeftOutBefore(t *testing.T) {
+	f := startFleet(t, 3, nil)
+	ix := startIndexer(t, f)
+	cfg := testConfig(t, f)
+	cfg.Indexer = []string{ix.addr}
+	cfg.IndexerTimeout = time.Second
+	cfg.PredictedTTL = time.Millisecond // overlaps must come from the index here
+	rt := startRouter(t, cfg)
+	prefix := words("retry-prefix", 300)
+	holder := rt.servedBy(t, f.ids, func() {
+		if code, _, raw := post(t, rt.url, "/v1/completions", completionBody(prefix+" first", 4)); code != http.StatusOK {
+			t.Fatalf("first request: %d %s", code, raw)
+		}
+	})
+	ix.caughtUp(t, f)
+	time.Sleep(10 * time.Millisecond) // the first decision's prediction (1 ms) has expired
+
+	p, err := rt.prepare(http.Header{}, "/v1/completions", endpointCompletions, []byte(completionBody(prefix+" second", 4)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := rt.decide(context.Background(), p, map[string]bool{holder: true}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Target.Worker == holder {
+		t.Fatalf("the first attempt went to %s, which it had tried", holder)
+	}
+	d, err = rt.decide(context.Background(), p, map[string]bool{}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Target.Worker != holder || d.Source != SourceIndex || d.Captured == 0 {
+		t.Fatalf("the next attempt went to %s (source %s, %d blocks captured), want %s, which caches the prefix, from the index",
+			d.Target.Worker, d.Source, d.Captured, holder)
+	}
 }
 
 // Eight siblings of a cold burst (no engine has the prefix yet, the indexer knows

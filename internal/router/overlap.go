@@ -73,17 +73,25 @@ func (s *indexSource) query(ctx context.Context, req *RouteRequest, workers []st
 }
 
 // askIndex asks the indexer, once per request, for the overlaps of every
-// group's workers. It is a network call: never under pickMu.
-func (r *Router) askIndex(ctx context.Context, p *prepared, groups ...[]Candidate) {
+// worker of the pools (nil ones skipped): all of them, not only the candidates
+// of this attempt, so that a worker that was busy when the request came and
+// is free when it retries from the admission queue has its overlap too. It is
+// a network call: never under pickMu.
+func (r *Router) askIndex(ctx context.Context, p *prepared, pools ...*pool) {
 	if p.indexAsked || r.index == nil {
 		return
 	}
 	p.indexAsked = true
 	var workers []string
-	for _, g := range groups {
-		for i := range g {
-			if len(workers) == 0 || workers[len(workers)-1] != g[i].Worker.ID {
-				workers = append(workers, g[i].Worker.ID)
+	seen := map[string]bool{}
+	for _, pl := range pools {
+		if pl == nil {
+			continue
+		}
+		for _, w := range pl.workers {
+			if !seen[w.ID] {
+				seen[w.ID] = true
+				workers = append(workers, w.ID)
 			}
 		}
 	}

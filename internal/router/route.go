@@ -185,7 +185,7 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 		}
 	}
 	if p.endpoint != endpointOther {
-		r.askIndex(ctx, p, cands, pre)
+		r.askIndex(ctx, p, serve, prePool)
 	}
 
 	r.pickMu.Lock()
@@ -432,7 +432,7 @@ func (r *Router) pickPrefill(ctx context.Context, p *prepared, tried map[string]
 	if err != nil {
 		return Target{}, nil, false, err
 	}
-	r.askIndex(ctx, p, cands)
+	r.askIndex(ctx, p, prePool)
 	r.pickMu.Lock()
 	defer r.pickMu.Unlock()
 	r.overlaps(p, cands)
