@@ -12,34 +12,17 @@ import (
 // BenchmarkApply. Without tombstones a probe run only ever holds live entries.
 //
 // The table is split into shards of at most maxShardSlots slots by the top bits
-// of the hash's mix (extendible hashing): a full shard below that size doubles,
-// one at it splits in two, and only the directory of shards ever grows as a
-// whole. So an insert rehashes at most one shard while the index's write lock
-// is held, however many blocks the worker caches; doubling the whole table held
-// it ~30 ms at 512k slots on a 2-vCPU guest, a worker with an offload tier can
-// cache millions, and a restarted engine's table grows again from empty. The
-// price is one more load per lookup (the directory entry): BenchmarkApply/fleet
-// 3-7 % slower.
+// of the hash's mix (shardDir): an insert rehashes at most one shard while the
+// index's write lock is held, however many blocks the worker caches. Doubling
+// the whole table held it ~30 ms at 512k slots on a 2-vCPU guest, a worker with
+// an offload tier can cache millions, and a restarted engine's table grows
+// again from empty. The price is one more load per lookup (the directory
+// entry): BenchmarkApply/fleet 3-7 % slower. A slot's index in its shard is the
+// mix's low bits.
 type blockTable struct {
-	dir   []dirEntry // 1<<depth entries, indexed by the mix's top depth bits
-	depth uint
+	shardDir[blockSlot]
 	count int
 	seed  uint64
-}
-
-// dirEntry names a shard and repeats its slots, so that a lookup goes from the
-// directory to the slots without loading the shard.
-type dirEntry struct {
-	slots []blockSlot
-	shard *blockShard
-}
-
-// blockShard holds the hashes whose mix starts with its depth-bit prefix; it
-// fills 1<<(table depth - its depth) consecutive directory entries.
-type blockShard struct {
-	slots []blockSlot // a power of two long; the slot index is the mix's low bits
-	count int
-	depth uint
 }
 
 // maxShardSlots is the size at which a shard splits instead of doubling: 8k
@@ -54,18 +37,13 @@ type blockSlot struct {
 }
 
 func newBlockTable(seed uint64) blockTable {
-	s := &blockShard{slots: make([]blockSlot, 8)}
-	return blockTable{dir: []dirEntry{{slots: s.slots, shard: s}}, seed: seed}
+	return blockTable{shardDir: newShardDir[blockSlot](8), seed: seed}
 }
 
 func (t *blockTable) mix(h uint64) uint64 {
 	hi, lo := bits.Mul64(h^t.seed, 0x9E3779B97F4A7C15)
 	return hi ^ lo
 }
-
-// entry returns the directory entry of a mixed hash (a shift by 64 is 0 in
-// Go: depth 0 has one entry).
-func (t *blockTable) entry(m uint64) *dirEntry { return &t.dir[m>>(64-t.depth)] }
 
 // peek reads h's home slot (see state.prefetch).
 func (t *blockTable) peek(h uint64) uint64 {
@@ -94,80 +72,32 @@ func (t *blockTable) set(h uint64, e entry) {
 	m := t.mix(h)
 	s := t.entry(m).shard
 	if (s.count+1)*4 > len(s.slots)*3 {
-		t.grow(s, m)
+		t.grow(s, m, maxShardSlots, t.slotMix, putBlock)
 		s = t.entry(m).shard
 	}
-	if s.put(m, h, e) {
-		t.count++
-	}
+	before := s.count
+	putBlock(s, m, blockSlot{hash: h, entry: e})
+	t.count += s.count - before
 }
 
-// put places h in s, reporting whether it is new.
-func (s *blockShard) put(m, h uint64, e entry) bool {
+// slotMix is a slot's mixed hash, false for an empty slot (for shardDir.grow).
+func (t *blockTable) slotMix(slot blockSlot) (uint64, bool) {
+	return t.mix(slot.hash), slot.node != 0
+}
+
+// putBlock places slot, whose hash's mix is m, in s, replacing the slot of
+// the same hash.
+func putBlock(s *shard[blockSlot], m uint64, slot blockSlot) {
+	h := slot.hash
 	mask := uint64(len(s.slots) - 1)
 	i := m & mask
 	for s.slots[i].node != 0 && s.slots[i].hash != h {
 		i = (i + 1) & mask
 	}
-	added := s.slots[i].node == 0
-	if added {
+	if s.slots[i].node == 0 {
 		s.count++
 	}
-	s.slots[i] = blockSlot{hash: h, entry: e}
-	return added
-}
-
-// grow makes room in s, the shard of mixed hash m: it doubles a shard below
-// maxShardSlots and splits one at it.
-func (t *blockTable) grow(s *blockShard, m uint64) {
-	if len(s.slots) < maxShardSlots {
-		bigger := &blockShard{slots: make([]blockSlot, 2*len(s.slots)), depth: s.depth}
-		t.refill(bigger, nil, s)
-		t.replace(s, m, bigger, bigger)
-		return
-	}
-	if s.depth == t.depth {
-		dir := make([]dirEntry, 2*len(t.dir))
-		for i := range dir {
-			dir[i] = t.dir[i>>1]
-		}
-		t.dir, t.depth = dir, t.depth+1
-	}
-	low := &blockShard{slots: make([]blockSlot, len(s.slots)), depth: s.depth + 1}
-	high := &blockShard{slots: make([]blockSlot, len(s.slots)), depth: s.depth + 1}
-	t.refill(low, high, s)
-	t.replace(s, m, low, high)
-}
-
-// refill moves from's entries to low, or to high when high is not nil and the
-// bit below from's prefix is set.
-func (t *blockTable) refill(low, high, from *blockShard) {
-	split := uint64(1) << (63 - from.depth)
-	for _, slot := range from.slots {
-		if slot.node == 0 {
-			continue
-		}
-		m := t.mix(slot.hash)
-		if high != nil && m&split != 0 {
-			high.put(m, slot.hash, slot.entry)
-		} else {
-			low.put(m, slot.hash, slot.entry)
-		}
-	}
-}
-
-// replace points the directory entries of old (the shard of mixed hash m) at
-// low and high: the first half of them at low, the second at high.
-func (t *blockTable) replace(old *blockShard, m uint64, low, high *blockShard) {
-	span := uint64(1) << (t.depth - old.depth)
-	first := m >> (64 - t.depth) &^ (span - 1)
-	for i := range span {
-		s := high
-		if i < span/2 || span == 1 {
-			s = low
-		}
-		t.dir[first+i] = dirEntry{slots: s.slots, shard: s}
-	}
+	s.slots[i] = slot
 }
 
 func (t *blockTable) delete(h uint64) {
@@ -191,17 +121,6 @@ func (t *blockTable) delete(h uint64) {
 	s.slots[i] = blockSlot{}
 	s.count--
 	t.count--
-}
-
-// shards yields each shard once.
-func (t *blockTable) shards() iter.Seq[*blockShard] {
-	return func(yield func(*blockShard) bool) {
-		for i := 0; i < len(t.dir); i += 1 << (t.depth - t.dir[i].shard.depth) {
-			if !yield(t.dir[i].shard) {
-				return
-			}
-		}
-	}
 }
 
 // all yields every entry, in no particular order; the loop must not modify t.

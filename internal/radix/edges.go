@@ -9,30 +9,16 @@ import "math/bits"
 // slot instead of a 24-byte map entry.
 //
 // Like blockTable, the table is split into shards by the hash's top bits
-// (extendible hashing), so that growing rehashes one shard of at most
-// maxEdgeShardSlots, never the whole table, under the index's write lock. A
-// shard's slot index is the tag's low bits, so the directory (the top bits) and
-// the slot are both recomputed from the tag alone when growing, splitting or
-// shifting; they overlap only past 2^19 shards, billions of edges, where the
-// shards would fill unevenly but stay correct.
+// (shardDir), so that growing rehashes one shard of at most maxEdgeShardSlots,
+// never the whole table, under the index's write lock. A shard's slot index is
+// the tag's low bits, so the directory (the top bits) and the slot are both
+// recomputed from the tag alone when growing, splitting or shifting; they
+// overlap only past 2^19 shards, billions of edges, where the shards would fill
+// unevenly but stay correct.
 type edgeTable struct {
-	dir   []edgeDirEntry // 1<<depth entries, indexed by the hash's top depth bits
-	depth uint
+	shardDir[uint64]
 	count int // occupied slots
 	seed  uint64
-}
-
-// edgeDirEntry names a shard and repeats its slots (see dirEntry).
-type edgeDirEntry struct {
-	slots []uint64
-	shard *edgeShard
-}
-
-// edgeShard holds the edges whose hash starts with its depth-bit prefix.
-type edgeShard struct {
-	slots []uint64 // a power of two long
-	count int
-	depth uint
 }
 
 const (
@@ -41,8 +27,7 @@ const (
 )
 
 func newEdgeTable(seed uint64) edgeTable {
-	s := &edgeShard{slots: make([]uint64, minEdgeSlots)}
-	return edgeTable{dir: []edgeDirEntry{{slots: s.slots, shard: s}}, seed: seed}
+	return edgeTable{shardDir: newShardDir[uint64](minEdgeSlots), seed: seed}
 }
 
 func (t *edgeTable) hash(parent uint32, key uint64) uint64 {
@@ -50,9 +35,6 @@ func (t *edgeTable) hash(parent uint32, key uint64) uint64 {
 	hi, lo := bits.Mul64(key^t.seed, uint64(parent)<<1^0x9E3779B97F4A7C15)
 	return hi ^ lo
 }
-
-// entry returns the directory entry of hash h (a shift by 64 is 0 in Go).
-func (t *edgeTable) entry(h uint64) *edgeDirEntry { return &t.dir[h>>(64-t.depth)] }
 
 // edgeHome is slot s's (or hash h's: the tag is its top bits) home in slots.
 func edgeHome(s uint64, slots []uint64) uint64 { return s >> 32 & uint64(len(slots)-1) }
@@ -89,14 +71,20 @@ func (t *edgeTable) insert(parent uint32, key uint64, child uint32) {
 	h := t.hash(parent, key)
 	s := t.entry(h).shard
 	if (s.count+1)*4 > len(s.slots)*3 {
-		t.grow(s, h)
+		t.grow(s, h, maxEdgeShardSlots, edgeSlotMix, placeEdge)
 		s = t.entry(h).shard
 	}
-	t.place(s, h>>32<<32|uint64(child))
+	placeEdge(s, h, h>>32<<32|uint64(child))
 	t.count++
 }
 
-func (t *edgeTable) place(s *edgeShard, slot uint64) {
+// edgeSlotMix is a slot's hash as far as the directory needs it (its top bits
+// are the tag's), false for an empty slot (for shardDir.grow).
+func edgeSlotMix(slot uint64) (uint64, bool) { return slot, slot != 0 }
+
+// placeEdge puts slot in s (h, its hash, is unused: the tag holds what the
+// home needs).
+func placeEdge(s *shard[uint64], _ uint64, slot uint64) {
 	mask := uint64(len(s.slots) - 1)
 	i := edgeHome(slot, s.slots)
 	for s.slots[i] != 0 {
@@ -104,57 +92,6 @@ func (t *edgeTable) place(s *edgeShard, slot uint64) {
 	}
 	s.slots[i] = slot
 	s.count++
-}
-
-// grow makes room in s, the shard of hash h: it doubles a shard below
-// maxEdgeShardSlots and splits one at it.
-func (t *edgeTable) grow(s *edgeShard, h uint64) {
-	if len(s.slots) < maxEdgeShardSlots {
-		bigger := &edgeShard{slots: make([]uint64, 2*len(s.slots)), depth: s.depth}
-		t.refill(bigger, nil, s)
-		t.replace(s, h, bigger, bigger)
-		return
-	}
-	if s.depth == t.depth {
-		dir := make([]edgeDirEntry, 2*len(t.dir))
-		for i := range dir {
-			dir[i] = t.dir[i>>1]
-		}
-		t.dir, t.depth = dir, t.depth+1
-	}
-	low := &edgeShard{slots: make([]uint64, len(s.slots)), depth: s.depth + 1}
-	high := &edgeShard{slots: make([]uint64, len(s.slots)), depth: s.depth + 1}
-	t.refill(low, high, s)
-	t.replace(s, h, low, high)
-}
-
-// refill moves from's slots to low, or to high when high is not nil and the
-// bit below from's prefix is set.
-func (t *edgeTable) refill(low, high, from *edgeShard) {
-	split := uint64(1) << (63 - from.depth)
-	for _, slot := range from.slots {
-		switch {
-		case slot == 0:
-		case high != nil && slot&split != 0:
-			t.place(high, slot)
-		default:
-			t.place(low, slot)
-		}
-	}
-}
-
-// replace points the directory entries of old (the shard of hash h) at low
-// and high: the first half of them at low, the second at high.
-func (t *edgeTable) replace(old *edgeShard, h uint64, low, high *edgeShard) {
-	span := uint64(1) << (t.depth - old.depth)
-	first := h >> (64 - t.depth) &^ (span - 1)
-	for i := range span {
-		s := high
-		if i < span/2 || span == 1 {
-			s = low
-		}
-		t.dir[first+i] = edgeDirEntry{slots: s.slots, shard: s}
-	}
 }
 
 // remove deletes the edge to child; it must be present.
