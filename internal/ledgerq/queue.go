@@ -30,12 +30,12 @@ type item[T any] struct {
 	at  time.Time
 }
 
-// Add queues messages that arrived at now, then drops the oldest beyond the
-// bounds. Callers keep each prediction within LedgerMaxPredictionKeys, fewer
-// than LedgerMaxQueuedKeys, so the newest always stays (one over it would be
-// dropped too). Messages are not modified, here or by Take, so one message may
-// sit in many queues.
-func (q *Queue) Add(now time.Time, predicted []*kvindexv1.PredictedPrefix, sessions []*kvindexv1.SessionBinding) {
+// AddPredicted queues predictions that arrived at now, then drops the oldest
+// beyond the bounds. Callers keep each prediction within
+// LedgerMaxPredictionKeys, fewer than LedgerMaxQueuedKeys, so the newest always
+// stays (one over it would be dropped too). Messages are not modified, here or
+// by Take, so one message may sit in many queues.
+func (q *Queue) AddPredicted(now time.Time, predicted ...*kvindexv1.PredictedPrefix) {
 	for _, p := range predicted {
 		q.predicted = append(q.predicted, item[*kvindexv1.PredictedPrefix]{p, now})
 		q.keys += len(p.Keys)
@@ -50,6 +50,11 @@ func (q *Queue) Add(now time.Time, predicted []*kvindexv1.PredictedPrefix, sessi
 	// reached.
 	clear(q.predicted[:drop])
 	q.predicted = q.predicted[drop:]
+}
+
+// AddSessions queues session bindings that arrived at now, keeping the newest
+// LedgerMaxQueued.
+func (q *Queue) AddSessions(now time.Time, sessions ...*kvindexv1.SessionBinding) {
 	for _, s := range sessions {
 		q.sessions = append(q.sessions, item[*kvindexv1.SessionBinding]{s, now})
 	}

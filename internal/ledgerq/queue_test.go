@@ -21,10 +21,10 @@ func prediction(worker string, keys int, ttl time.Duration) *kvindexv1.Predicted
 // Take hands on what is left of each TTL and drops what ran out.
 func TestTakeCutsEachTTLByItsWait(t *testing.T) {
 	var q Queue
-	q.Add(t0, []*kvindexv1.PredictedPrefix{prediction("a", 2, 10*time.Second)},
-		[]*kvindexv1.SessionBinding{{Key: "s1", Worker: "a", TtlMs: 30000}})
-	q.Add(t0.Add(4*time.Second), []*kvindexv1.PredictedPrefix{prediction("b", 1, 2*time.Second)},
-		[]*kvindexv1.SessionBinding{{Key: "s2", Worker: "b", TtlMs: 30000}})
+	q.AddPredicted(t0, prediction("a", 2, 10*time.Second))
+	q.AddSessions(t0, &kvindexv1.SessionBinding{Key: "s1", Worker: "a", TtlMs: 30000})
+	q.AddPredicted(t0.Add(4*time.Second), prediction("b", 1, 2*time.Second))
+	q.AddSessions(t0.Add(4*time.Second), &kvindexv1.SessionBinding{Key: "s2", Worker: "b", TtlMs: 30000})
 	pred, sess := q.Take(t0.Add(7 * time.Second)) // a: 3 s of 10 left; b's 2 s ran out
 	if len(pred) != 1 || pred[0].Worker != "a" || pred[0].TtlMs != 3000 {
 		t.Errorf("predictions %v, want only a's with 3000 ms left", pred)
@@ -43,8 +43,10 @@ func TestTakeLeavesSharedMessagesAlone(t *testing.T) {
 	shared := prediction("a", 1, 10*time.Second)
 	binding := &kvindexv1.SessionBinding{Key: "s", Worker: "a", TtlMs: 10000}
 	var early, late Queue
-	early.Add(t0, []*kvindexv1.PredictedPrefix{shared}, []*kvindexv1.SessionBinding{binding})
-	late.Add(t0, []*kvindexv1.PredictedPrefix{shared}, []*kvindexv1.SessionBinding{binding})
+	for _, q := range []*Queue{&early, &late} {
+		q.AddPredicted(t0, shared)
+		q.AddSessions(t0, binding)
+	}
 	late.Take(t0.Add(6 * time.Second))
 	pred, sess := early.Take(t0.Add(time.Second))
 	if len(pred) != 1 || pred[0].TtlMs != 9000 || len(sess) != 1 || sess[0].TtlMs != 9000 {
@@ -84,7 +86,8 @@ func TestTakeCopiesEveryField(t *testing.T) {
 	fill(p)
 	fill(s)
 	var q Queue
-	q.Add(t0, []*kvindexv1.PredictedPrefix{p}, []*kvindexv1.SessionBinding{s})
+	q.AddPredicted(t0, p)
+	q.AddSessions(t0, s)
 	pred, sess := q.Take(t0)
 	if len(pred) != 1 || !proto.Equal(pred[0], p) {
 		t.Errorf("prediction copied as %v, want %v", pred, p)
@@ -109,8 +112,8 @@ func TestAddKeepsTheNewestWithinTheBounds(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var q Queue
 			for i := range c.n {
-				q.Add(t0, []*kvindexv1.PredictedPrefix{prediction(fmt.Sprint(i), c.keys, time.Minute)},
-					[]*kvindexv1.SessionBinding{{Key: fmt.Sprint(i), TtlMs: 60000}})
+				q.AddPredicted(t0, prediction(fmt.Sprint(i), c.keys, time.Minute))
+				q.AddSessions(t0, &kvindexv1.SessionBinding{Key: fmt.Sprint(i), TtlMs: 60000})
 				if q.Keys() > kvindexv1.LedgerMaxQueuedKeys {
 					t.Fatalf("%d keys held after %d predictions, bound %d", q.Keys(), i+1, kvindexv1.LedgerMaxQueuedKeys)
 				}
@@ -150,7 +153,7 @@ func TestTakeAtTheEdges(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var q Queue
-			q.Add(t0, []*kvindexv1.PredictedPrefix{newer}, nil)
+			q.AddPredicted(t0, newer)
 			pred, _ := q.Take(t0.Add(c.waited))
 			switch {
 			case c.wantTTL == 0 && len(pred) != 0:
@@ -172,7 +175,7 @@ func TestAddOfMoreThanTheBoundAtOnce(t *testing.T) {
 		batch = append(batch, prediction(fmt.Sprint(i), 1, time.Minute))
 	}
 	var q Queue
-	q.Add(t0, batch, nil)
+	q.AddPredicted(t0, batch...)
 	pred, _ := q.Take(t0)
 	if len(pred) != kvindexv1.LedgerMaxQueued || pred[0].Worker != "10" {
 		t.Fatalf("kept %d from #%s, want the newest %d from #10", len(pred), pred[0].Worker, kvindexv1.LedgerMaxQueued)

@@ -91,22 +91,19 @@ func (f *fleetLedger) queue(keys []uint64, t Target, sessionKey string, predicte
 	if f == nil {
 		return
 	}
-	var predicted []*kvindexv1.PredictedPrefix
+	now := f.r.now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if len(keys) > 0 {
 		// The leader refuses a report with a longer prediction (and the stream
 		// with it); the leading blocks are the ones other prompts share.
 		keys = keys[:min(len(keys), kvindexv1.LedgerMaxPredictionKeys)]
-		predicted = []*kvindexv1.PredictedPrefix{{
-			Worker: t.Worker, DpRank: t.Rank, Keys: keys, TtlMs: ledgerq.TTLMs(predictedTTL), RouterId: f.id}}
+		f.outbox.AddPredicted(now, &kvindexv1.PredictedPrefix{
+			Worker: t.Worker, DpRank: t.Rank, Keys: keys, TtlMs: ledgerq.TTLMs(predictedTTL), RouterId: f.id})
 	}
-	var sessions []*kvindexv1.SessionBinding
 	if sessionKey != "" {
-		sessions = []*kvindexv1.SessionBinding{{Key: sessionKey, Worker: t.Worker, TtlMs: ledgerq.TTLMs(sessionTTL)}}
+		f.outbox.AddSessions(now, &kvindexv1.SessionBinding{Key: sessionKey, Worker: t.Worker, TtlMs: ledgerq.TTLMs(sessionTTL)})
 	}
-	now := f.r.now()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.outbox.Add(now, predicted, sessions)
 }
 
 // takeOutbox empties the outbox, with each entry's TTL cut by the time it

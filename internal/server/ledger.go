@@ -264,7 +264,8 @@ func (l *loadLedger) applyLocked(id string, r *ledgerRouter, rep *kvindexv1.Repo
 		now := l.now()
 		for other, o := range l.routers {
 			if other != id {
-				o.queue.Add(now, rep.Predicted, rep.Sessions)
+				o.queue.AddPredicted(now, rep.Predicted...)
+				o.queue.AddSessions(now, rep.Sessions...)
 			}
 		}
 	}
