@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/cputime"
@@ -250,6 +251,30 @@ func BenchmarkScore(b *testing.B) {
 	httpClient := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	url := "http://" + env.srv.HTTPAddr() + "/kv-cache/hit-rate"
 	tok, _ := env.srv.api.tokenizers.Lookup(benchModel)
+	// The floor under every gRPC row: a call to the same server over the same
+	// connection that does no work (the health service's Check), and the
+	// Score work itself without gRPC. On a 2-vCPU host the first is most of a
+	// Score's tail: gRPC hands each call on between five goroutines.
+	health := healthpb.NewHealthClient(env.conn)
+	b.Run("grpc/health/clients=1", func(b *testing.B) {
+		runClients(b, 1, func(int) error {
+			_, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+			return err
+		})
+	})
+	direct := indexService{a: env.srv.api}
+	for _, size := range []int{2048, 8192} {
+		b.Run(fmt.Sprintf("direct/tokens/%dk", size/1024), func(b *testing.B) {
+			runClients(b, 1, func(i int) error {
+				res, err := direct.scoreResult(context.Background(), &kvindexv1.ScoreRequest{Model: benchModel, TokenIds: env.prefixes[i%benchPrefixes][:size]})
+				if err != nil {
+					return err
+				}
+				res.release()
+				return nil
+			})
+		})
+	}
 	for _, size := range []int{2048, 8192} {
 		// Queries: the first size tokens of each shared prefix, and the text that
 		// tokenizes to about as many.
