@@ -661,3 +661,54 @@ func TestClusterOverMutualTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestAConflictForwardedByAFollowerKeepsItsCode: a compare-and-set registration
+// sent to a follower that loses on the leader answers ABORTED / 409 "conflict"
+// (docs/api.md), as on the leader (it used to come back INTERNAL); and the
+// compatible /register of dp ranks sent to a follower retries its lost
+// compare-and-sets as it does on the leader (it used to fail with 500).
+func TestAConflictForwardedByAFollowerKeepsItsCode(t *testing.T) {
+	c := makeCluster(t, 2, nil)
+	leader := c.leader(30 * time.Second)
+	follower := c.followers(leader)[0]
+	_, ladmin := dialNode(t, leader)
+	_, fadmin := dialNode(t, follower)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+clusterToken)
+
+	spec := &kvindexv1.WorkerSpec{Id: "w", Model: testModel, BlockSize: 4, EventsEndpoint: "tcp://127.0.0.1:1"}
+	if _, err := ladmin.RegisterWorker(ctx, &kvindexv1.RegisterWorkerRequest{Worker: spec}); err != nil {
+		t.Fatal(err)
+	}
+	stale := &kvindexv1.WorkerSpec{Id: "w", Model: testModel, BlockSize: 8, EventsEndpoint: "tcp://127.0.0.1:1"}
+	next := &kvindexv1.WorkerSpec{Id: "w", Model: testModel, BlockSize: 4, DpSize: 2, EventsEndpoint: "tcp://127.0.0.1:1"}
+	req := &kvindexv1.RegisterWorkerRequest{Worker: next, Expected: stale}
+	_, lerr := ladmin.RegisterWorker(ctx, req)
+	_, ferr := fadmin.RegisterWorker(ctx, req)
+	if status.Code(lerr) != codes.Aborted {
+		t.Errorf("on the leader: %v, want ABORTED", lerr)
+	}
+	if status.Code(ferr) != codes.Aborted {
+		t.Errorf("on the follower: %v, want ABORTED as on the leader", ferr)
+	}
+
+	// The compatible form: dp ranks 1..3 registered at once through the follower.
+	base := "http://" + follower.srv.HTTPAddr()
+	var wg sync.WaitGroup
+	codesGot := make([]int, 4)
+	bodies := make([]string, 4)
+	for rank := 1; rank <= 3; rank++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, body := httpDo(t, http.MethodPost, base+"/register", map[string]any{"instance_id": "w", "model": testModel,
+				"endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", 1+rank), "dp_rank": rank})
+			codesGot[rank], bodies[rank] = code, string(body)
+		}()
+	}
+	wg.Wait()
+	for rank := 1; rank <= 3; rank++ {
+		if codesGot[rank] != http.StatusCreated {
+			t.Errorf("dp_rank %d through the follower = %d %s, want 201 (a lost compare-and-set is retried)", rank, codesGot[rank], bodies[rank])
+		}
+	}
+}

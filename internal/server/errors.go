@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -132,8 +133,10 @@ func classify(err error) errorClass {
 	return internalClass
 }
 
-// grpcError turns err into a gRPC status error through the error table. A
-// NotLeaderError carries the leader in an ErrorInfo detail.
+// grpcError turns err into a gRPC status error through the error table. Every
+// classified error carries an ErrorInfo detail whose reason is its code string
+// upper-cased (so a member that forwarded the call, or a client, can tell apart
+// the kinds that share a gRPC code); a NotLeaderError's also names the leader.
 func grpcError(err error) error {
 	if err == nil {
 		return nil
@@ -141,17 +144,31 @@ func grpcError(err error) error {
 	if _, isStatus := status.FromError(err); isStatus {
 		return err
 	}
-	st := status.New(classify(err).grpc, err.Error())
+	class := classify(err)
+	st := status.New(class.grpc, err.Error())
+	if class.err == nil {
+		return st.Err() // internal: nothing a caller could act on
+	}
+	info := &errdetails.ErrorInfo{Reason: strings.ToUpper(class.code), Domain: kvindexv1.ErrorDomain}
 	var nl *NotLeaderError
 	if errors.As(err, &nl) {
-		if withInfo, derr := st.WithDetails(&errdetails.ErrorInfo{
-			Reason: kvindexv1.NotLeaderReason, Domain: kvindexv1.ErrorDomain,
-			Metadata: map[string]string{kvindexv1.LeaderIDKey: nl.LeaderID, kvindexv1.LeaderAddrKey: nl.LeaderAddr},
-		}); derr == nil {
-			st = withInfo
-		}
+		info.Metadata = map[string]string{kvindexv1.LeaderIDKey: nl.LeaderID, kvindexv1.LeaderAddrKey: nl.LeaderAddr}
+	}
+	if withInfo, derr := st.WithDetails(info); derr == nil {
+		st = withInfo
 	}
 	return st.Err()
+}
+
+// kindOfReason is the sentinel of an ErrorInfo reason grpcError wrote (the
+// first row with that code string), or nil.
+func kindOfReason(reason string) error {
+	for _, c := range errorTable {
+		if strings.ToUpper(c.code) == reason {
+			return c.err
+		}
+	}
+	return nil
 }
 
 // errorBody is the JSON body of every REST error: {"error": {"code", "message"}},

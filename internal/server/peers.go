@@ -116,16 +116,19 @@ type remoteError struct {
 func (e *remoteError) Error() string { return e.msg }
 func (e *remoteError) Unwrap() error { return e.kind }
 
-// statusKinds maps a member's gRPC codes back to our sentinels (the inverse of
-// the error table, first row per code).
+// statusKinds maps a member's gRPC codes back to our sentinels when its error
+// carries no ErrorInfo of ours (gRPC's own errors: a connection refused, a
+// deadline, a message over the size limit).
 var statusKinds = map[codes.Code]error{
 	codes.InvalidArgument:    ErrInvalidArgument,
 	codes.NotFound:           ErrNotFound,
 	codes.AlreadyExists:      ErrAlreadyExists,
+	codes.Aborted:            ErrConflict,
 	codes.FailedPrecondition: ErrFailedPrecondition,
 	codes.Unauthenticated:    ErrUnauthenticated,
 	codes.PermissionDenied:   ErrPermissionDenied,
 	codes.ResourceExhausted:  ErrTooLarge,
+	codes.OutOfRange:         ErrWatchResumeUnavailable,
 	codes.Unavailable:        ErrUnavailable,
 	codes.Unimplemented:      ErrNotSupported,
 	codes.Canceled:           context.Canceled,
@@ -133,8 +136,9 @@ var statusKinds = map[codes.Code]error{
 }
 
 // fromRemote turns the error of a call to the member at addr into one the error
-// table classifies: a not-leader answer becomes a *NotLeaderError, other codes
-// their sentinel, and a member that cannot be reached ErrUnavailable.
+// table classifies: a not-leader answer becomes a *NotLeaderError, an error
+// with our ErrorInfo the sentinel its reason names, other codes their
+// statusKinds sentinel, and a member that cannot be reached ErrUnavailable.
 func fromRemote(addr string, err error) error {
 	if err == nil {
 		return nil
@@ -143,14 +147,22 @@ func fromRemote(addr string, err error) error {
 	if !ok {
 		return &remoteError{kind: ErrUnavailable, msg: fmt.Sprintf("member %s: %v", addr, err)}
 	}
+	var kind error
 	for _, d := range st.Details() {
-		if info, isInfo := d.(*errdetails.ErrorInfo); isInfo && info.Reason == kvindexv1.NotLeaderReason {
+		info, isInfo := d.(*errdetails.ErrorInfo)
+		if !isInfo || info.Domain != kvindexv1.ErrorDomain {
+			continue
+		}
+		if info.Reason == kvindexv1.NotLeaderReason {
 			return &NotLeaderError{LeaderID: info.Metadata[kvindexv1.LeaderIDKey], LeaderAddr: info.Metadata[kvindexv1.LeaderAddrKey]}
 		}
+		kind = kindOfReason(info.Reason)
 	}
-	kind, known := statusKinds[st.Code()]
-	if !known {
-		kind = fmt.Errorf("member %s failed (%s)", addr, st.Code())
+	if kind == nil {
+		var known bool
+		if kind, known = statusKinds[st.Code()]; !known {
+			kind = fmt.Errorf("member %s failed (%s)", addr, st.Code())
+		}
 	}
 	return &remoteError{kind: kind, msg: st.Message()}
 }
