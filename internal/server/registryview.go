@@ -20,6 +20,7 @@ import (
 // counts for the model's.
 type registryView struct {
 	built   time.Time
+	gen     uint64 // the viewCache's generation when the registry was read
 	byID    map[string]*viewWorker
 	byModel map[string]*modelView
 }
@@ -85,33 +86,42 @@ func (mv *modelView) resolveBlockSize(model string, requested, fallback int) (in
 // first read after the raft apply loop reports a registry change (invalidate),
 // and at the latest ttl after the last build.
 //
-// Concurrency: safe for concurrent use. get returns the current view with one
-// atomic load while it is fresh; otherwise one caller rebuilds it (reading the
+// Concurrency: safe for concurrent use. get returns the current view with two
+// atomic loads while it is fresh; otherwise one caller rebuilds it (reading the
 // registry under the caller's context) while the others wait on mu. invalidate
-// never blocks: the apply goroutine calls it. Views are never modified once
-// stored, so readers may keep one as long as they like.
+// never blocks: the apply goroutine calls it. A view is fresh only while the
+// generation it was read at is current, so a rebuild that read the registry
+// before a change, and stores its view after the change's invalidate, cannot
+// pass for fresh. Views are never modified once stored, so readers may keep
+// one as long as they like.
 type viewCache struct {
 	backend          Backend
 	defaultBlockSize int
 	ttl              time.Duration
 	mu               sync.Mutex
 	cur              atomic.Pointer[registryView]
+	gen              atomic.Uint64 // bumped by every invalidate
+}
+
+func (c *viewCache) fresh(v *registryView) bool {
+	return v != nil && v.gen == c.gen.Load() && time.Since(v.built) < c.ttl
 }
 
 func (c *viewCache) get(ctx context.Context) (*registryView, error) {
-	if v := c.cur.Load(); v != nil && time.Since(v.built) < c.ttl {
+	if v := c.cur.Load(); c.fresh(v) {
 		return v, nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if v := c.cur.Load(); v != nil && time.Since(v.built) < c.ttl {
+	if v := c.cur.Load(); c.fresh(v) {
 		return v, nil
 	}
+	gen := c.gen.Load() // before the read: a change applied during it bumps it
 	workers, err := c.backend.Workers(ctx)
 	if err != nil {
 		return nil, err
 	}
-	v := &registryView{built: time.Now(), byID: map[string]*viewWorker{}, byModel: map[string]*modelView{}}
+	v := &registryView{built: time.Now(), gen: gen, byID: map[string]*viewWorker{}, byModel: map[string]*modelView{}}
 	for _, ws := range workers {
 		w := &viewWorker{id: ws.Spec.ID, model: ws.Spec.Model, blockSize: cmp.Or(ws.Spec.BlockSize, c.defaultBlockSize), ranks: ws.Spec.Ranks(),
 			dead: ws.State == kvindexv1.WorkerState_WORKER_STATE_DEAD}
@@ -148,8 +158,4 @@ func (c *viewCache) get(ctx context.Context) (*registryView, error) {
 }
 
 // invalidate makes the next get rebuild the view.
-func (c *viewCache) invalidate() {
-	if v := c.cur.Load(); v != nil {
-		c.cur.Store(&registryView{byID: v.byID, byModel: v.byModel})
-	}
-}
+func (c *viewCache) invalidate() { c.gen.Add(1) }
