@@ -111,6 +111,12 @@ type Config struct {
 	// was declared dead at log index index and its blocks dropped, with the dp
 	// ranks whose streams held a position (and were fenced). Same rules as OnBatch.
 	OnWorkerDead func(index uint64, id string, ranks []uint32)
+	// AfterEntry, when set, is called on the apply goroutine after each
+	// command entry was applied, whatever it carried, before the node reports
+	// it applied: an observer of the hooks above learns there that every call
+	// for the entry at index was made (one entry carries many batches). Same
+	// rules as OnBatch.
+	AfterEntry func(index uint64)
 }
 
 // DefaultConfig returns a configuration for a LAN cluster with the batching the

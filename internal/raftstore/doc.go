@@ -43,7 +43,7 @@
 //
 // Node's methods are safe for concurrent use. raft applies entries on one
 // goroutine; Index(), Applier().Cursor, Workers and Cluster may run beside it.
-// Config.OnWorkersChanged, OnBatch, BeforeBatch, OnWorkerRemoved and OnWorkerDead run on the
+// Config.OnWorkersChanged, OnBatch, BeforeBatch, OnWorkerRemoved, OnWorkerDead and AfterEntry run on the
 // apply goroutine and must not call back into the Node. A RunWhileLeader function must return soon after
 // its context ends: the next leader session, and Shutdown, wait for it.
 //

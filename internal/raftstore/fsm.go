@@ -84,12 +84,13 @@ type fsm struct {
 	log       *slog.Logger
 	onWorkers func([]workerspec.Spec)
 	onBatch   BatchObserver
-	// beforeBatch, onRemoved and onDead are Config.BeforeBatch,
-	// Config.OnWorkerRemoved and Config.OnWorkerDead (set by NewNode after
-	// newFSM; nil when unused).
+	// beforeBatch, onRemoved, onDead and afterEntry are Config.BeforeBatch,
+	// Config.OnWorkerRemoved, Config.OnWorkerDead and Config.AfterEntry (set
+	// by NewNode after newFSM; nil when unused).
 	beforeBatch func(index uint64, b *ingest.StreamBatch)
 	onRemoved   func(index uint64, id string)
 	onDead      func(index uint64, id string, ranks []uint32)
+	afterEntry  func(index uint64)
 	metrics     *metrics
 
 	mu      sync.RWMutex
@@ -208,6 +209,9 @@ func (f *fsm) Apply(l *raft.Log) any {
 		f.mu.Lock()
 		delete(f.members, e.ID)
 		f.mu.Unlock()
+	}
+	if f.afterEntry != nil {
+		f.afterEntry(l.Index)
 	}
 	f.setApplied(l.Index)
 	return res

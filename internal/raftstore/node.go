@@ -179,7 +179,7 @@ func NewNode(cfg Config) (_ *Node, err error) {
 
 	n.applier = ingest.NewApplier(radix.New(cfg.Index))
 	n.fsm = newFSM(n.applier, log, n.metrics, cfg.OnWorkersChanged, cfg.OnBatch)
-	n.fsm.beforeBatch, n.fsm.onRemoved, n.fsm.onDead = cfg.BeforeBatch, cfg.OnWorkerRemoved, cfg.OnWorkerDead
+	n.fsm.beforeBatch, n.fsm.onRemoved, n.fsm.onDead, n.fsm.afterEntry = cfg.BeforeBatch, cfg.OnWorkerRemoved, cfg.OnWorkerDead, cfg.AfterEntry
 	rc := cfg.raftConfig()
 	rc.Logger = newHCLogger(log, "raft")
 	hasState, err := raft.HasExistingState(n.logs, n.store, n.snapshots)

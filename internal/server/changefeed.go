@@ -19,8 +19,11 @@ import (
 //	feed.Commit(p, ix, index, res.Applied)
 //
 // WorkerRemoved after removing a worker, WorkerDead after a worker was declared
-// dead, and WorkersChanged with the registry
-// whenever it changes. While nobody watches, Prepare returns nil at the cost of
+// dead, WorkersChanged with the registry whenever it changes, and EntryApplied
+// at the end of every log entry. The changes of one entry (its many batches)
+// are published together at EntryApplied, so a Watch message never ends inside
+// an entry: a client that resumes after the applied_index of the last change
+// it got misses nothing of that entry. While nobody watches, Prepare returns nil at the cost of
 // one atomic load and Commit does nothing; while somebody does, each stored or
 // removed block costs a walk to the root of the index (O(depth)) to compute its
 // sequence hash. That part must run on the apply goroutine, where the index is
@@ -36,15 +39,19 @@ import (
 // log has it at that point (WorkersChanged), so a worker registered just before
 // its first batch is never reported with an empty model.
 //
-// Concurrency: Prepare, Commit, WorkerRemoved and WorkersChanged are called from
-// the apply goroutine only; Subscribe, Close and the Subscription
-// methods from anywhere.
+// Concurrency: Prepare, Commit, WorkerRemoved, WorkerDead, WorkersChanged and
+// EntryApplied are called from the apply goroutine only; Subscribe, Close and
+// the Subscription methods from anywhere.
 type ChangeFeed struct {
 	names *namespaceNames
 	// models maps registered workers to their models; replaced (never changed)
 	// by WorkersChanged.
 	models atomic.Pointer[map[string]string]
 	fan    *fanout
+	// staged holds the changes of the entry being applied, at stagedIndex,
+	// until EntryApplied publishes them (apply goroutine only).
+	staged      []*kvindexv1.IndexChange
+	stagedIndex uint64
 }
 
 // DefaultWatchBuffer is how many batches of changes a watcher may fall behind,
@@ -135,7 +142,7 @@ func (f *ChangeFeed) Prepare(ix *radix.Index, b *ingest.StreamBatch, index uint6
 	return p
 }
 
-// Commit publishes the changes of a prepared batch, applied at index index;
+// Commit stages the changes of a prepared batch, applied at index index;
 // applied is false when the applier dropped the batch as already applied.
 func (f *ChangeFeed) Commit(p *PreparedBatch, ix *radix.Index, index uint64, applied bool) {
 	if p == nil || !applied {
@@ -179,18 +186,37 @@ func (f *ChangeFeed) Commit(p *PreparedBatch, ix *radix.Index, index uint64, app
 			out = append(out, c)
 		}
 	}
-	f.fan.publish(out, index)
+	f.stage(out, index)
 }
 
-// WorkerRemoved publishes the removal of every dp rank of worker at index.
+// stage keeps changes of the entry at index for EntryApplied. Changes of an
+// earlier entry still staged (its EntryApplied never came) go out first.
+func (f *ChangeFeed) stage(changes []*kvindexv1.IndexChange, index uint64) {
+	if len(f.staged) > 0 && f.stagedIndex != index {
+		f.EntryApplied(f.stagedIndex)
+	}
+	f.staged = append(f.staged, changes...)
+	f.stagedIndex = index
+}
+
+// EntryApplied publishes the changes of the entry at index, all in one batch.
+func (f *ChangeFeed) EntryApplied(index uint64) {
+	if len(f.staged) == 0 || f.stagedIndex != index {
+		return
+	}
+	f.fan.publish(f.staged, index)
+	f.staged = nil // published: the fan-out keeps it
+}
+
+// WorkerRemoved stages the removal of every dp rank of worker at index.
 func (f *ChangeFeed) WorkerRemoved(worker string, index uint64) {
 	if !f.fan.recording(index) {
 		return
 	}
-	f.fan.publish([]*kvindexv1.IndexChange{{Worker: worker, Model: f.model(worker), Kind: kvindexv1.ChangeKind_CHANGE_KIND_WORKER_REMOVED}}, index)
+	f.stage([]*kvindexv1.IndexChange{{Worker: worker, Model: f.model(worker), Kind: kvindexv1.ChangeKind_CHANGE_KIND_WORKER_REMOVED}}, index)
 }
 
-// WorkerDead publishes, at index, that worker's ranks lost their blocks: the
+// WorkerDead stages, at index, that worker's ranks lost their blocks: the
 // worker was declared dead (CLEARED per rank that held a position).
 func (f *ChangeFeed) WorkerDead(worker string, ranks []uint32, index uint64) {
 	if !f.fan.recording(index) {
@@ -200,7 +226,7 @@ func (f *ChangeFeed) WorkerDead(worker string, ranks []uint32, index uint64) {
 	for i, r := range ranks {
 		out[i] = f.change(ingest.Stream{Worker: worker, DPRank: r}, kvindexv1.ChangeKind_CHANGE_KIND_CLEARED, 0, 0)
 	}
-	f.fan.publish(out, index)
+	f.stage(out, index)
 }
 
 // change starts a change of stream s; ns and tier matter for STORED and REMOVED.

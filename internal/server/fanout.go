@@ -214,6 +214,11 @@ func (f *fanout) subscribe(workers []string, model string, after uint64, resume 
 	if resume {
 		s.from = after
 	}
+	// Nothing at or before From is delivered: not a resumed change again (a
+	// member that lags the one the client left applies those entries after
+	// the resume), nor the part of an entry that was being applied when
+	// recording started.
+	s.skipThrough = max(s.skipThrough, s.from)
 	f.mu.Lock()
 	f.subs[s] = struct{}{}
 	f.mu.Unlock()
@@ -269,9 +274,9 @@ type Subscription struct {
 	workers []string // sorted; nil for all
 	model   string
 	fan     *fanout
-	// skipThrough: batches up to this index came from the history, or were
-	// published before the subscription started; set before it is added to
-	// fan.subs and read under fan.mu.
+	// skipThrough: batches up to this index came from the history, were
+	// published before the subscription started, or are at or before from;
+	// set before it is added to fan.subs and read under fan.mu.
 	skipThrough uint64
 	// from: the subscription has every change applied after this index (see From).
 	from   uint64

@@ -130,6 +130,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	}
 	rc.OnWorkerRemoved = s.backend.workerRemoved
 	rc.OnWorkerDead = s.backend.workerDead
+	rc.AfterEntry = s.backend.feed.EntryApplied
 	raftServer, raftClient, err := cfg.raftTLS()
 	if err != nil {
 		return nil, err
