@@ -358,7 +358,7 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer `token` every admin call needs (Authorization: Bearer <token>): register, unregister, join, leave, snapshot and any call not documented as public; empty: no check, allowed only on loopback listeners or with --insecure-no-admin-token")
 	fs.BoolVar(&cfg.InsecureNoAdminToken, "insecure-no-admin-token", cfg.InsecureNoAdminToken, "start without --admin-token although --grpc-addr or --http-addr listens beyond loopback (anyone who reaches them may change the registry and the membership)")
 	fs.DurationVar(&cfg.HTTPReadTimeout, "http-read-timeout", cfg.HTTPReadTimeout, "longest time to read an HTTP request, body included (slower: 408 and the connection closed)")
-	fs.DurationVar(&cfg.HTTPWriteTimeout, "http-write-timeout", cfg.HTTPWriteTimeout, "longest time to write an HTTP response (a dump: each part of it)")
+	fs.DurationVar(&cfg.HTTPWriteTimeout, "http-write-timeout", cfg.HTTPWriteTimeout, "longest time to write an HTTP response (a dump: each part of it), and one message of a gRPC Watch or Dump")
 	fs.DurationVar(&cfg.HTTPIdleTimeout, "http-idle-timeout", cfg.HTTPIdleTimeout, "how long an idle keep-alive HTTP connection is kept open")
 	fs.Var(uint32Flag{&cfg.GRPCMaxConcurrentStreams}, "grpc-max-concurrent-streams", "most gRPC calls open at once on one connection (more wait for a free one)")
 	fs.IntVar(&cfg.MaxWatchStreams, "max-watch-streams", cfg.MaxWatchStreams, "most Watch streams open at once on this node (more: RESOURCE_EXHAUSTED)")

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -356,6 +355,10 @@ func (a *API) stats() *kvindexv1.StatsResponse {
 // maxChangesPerMessage bounds the changes of one Watch or Dump message.
 const maxChangesPerMessage = 4096
 
+// Watch streams the changes applied from now on (or after an applied index).
+// A client that stops reading is ended once one message could not be sent for
+// the write timeout (sendstall.go): it would hold its --max-watch-streams slot
+// and its subscription's buffer for as long as its connection lives.
 func (s indexService) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStreamingServer[kvindexv1.WatchResponse]) error {
 	release, err := s.a.watches.acquire("Watch")
 	if err != nil {
@@ -372,6 +375,14 @@ func (s indexService) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStrea
 	if err := stream.SendHeader(metadata.Pairs(kvindexv1.WatchFromKey, strconv.FormatUint(sub.From(), 10))); err != nil {
 		return err
 	}
+	return runSending(s.a.sendStall(), "watch", func(w *sendWatch) error {
+		return watchLoop(stream, sub, w)
+	})
+}
+
+// watchLoop sends the subscription's batches, as many as are waiting in one
+// message, until the stream or the subscription ends.
+func watchLoop(stream grpc.ServerStreamingServer[kvindexv1.WatchResponse], sub *Subscription, w *sendWatch) error {
 	ctx := stream.Context()
 	for {
 		var batch []*kvindexv1.IndexChange
@@ -400,45 +411,24 @@ func (s indexService) Watch(req *kvindexv1.WatchRequest, stream grpc.ServerStrea
 				break drain
 			}
 		}
-		if err := stream.Send(&kvindexv1.WatchResponse{Changes: batch}); err != nil {
+		if err := w.send(func() error { return stream.Send(&kvindexv1.WatchResponse{Changes: batch}) }); err != nil {
 			return err
 		}
 	}
 }
 
-// Dump streams the index. A client that stops reading would block Send for
-// ever and hold the one dump slot: when no message could be sent for the write
-// timeout (--http-write-timeout, else dumpStallTimeout), the stream ends with
-// DEADLINE_EXCEEDED, which unblocks the pending Send and frees the slot.
+// Dump streams the index. A client that stops reading is ended as a Watch's
+// is (sendstall.go): it would hold the one dump slot.
 func (s indexService) Dump(req *kvindexv1.DumpRequest, stream grpc.ServerStreamingServer[kvindexv1.DumpResponse]) error {
-	stall := cmp.Or(s.a.writeTimeout, dumpStallTimeout)
-	var last atomic.Int64
-	last.Store(time.Now().UnixNano())
-	done := make(chan error, 1)
-	go func() {
-		done <- s.a.dump(stream.Context(), req, func(m *kvindexv1.DumpResponse) error {
-			err := stream.Send(m)
-			last.Store(time.Now().UnixNano())
-			return err
+	return runSending(s.a.sendStall(), "dump", func(w *sendWatch) error {
+		return s.a.dump(stream.Context(), req, func(m *kvindexv1.DumpResponse) error {
+			return w.send(func() error { return stream.Send(m) })
 		})
-	}()
-	tick := time.NewTicker(stall / 4)
-	defer tick.Stop()
-	for {
-		select {
-		case err := <-done:
-			return err
-		case <-tick.C:
-			if idle := time.Since(time.Unix(0, last.Load())); idle > stall {
-				return fmt.Errorf("%w: the client read nothing of the dump for %s", ErrRequestTimeout, idle.Round(time.Millisecond))
-			}
-		}
-	}
+	})
 }
 
-// dumpStallTimeout ends a gRPC dump whose client stopped reading, when no write
-// timeout is configured.
-const dumpStallTimeout = 30 * time.Second
+// sendStall is how long one message of a server stream may wait for its client.
+func (a *API) sendStall() time.Duration { return cmp.Or(a.writeTimeout, defaultSendStall) }
 
 // dump sends the index as STORED changes, in messages of at most
 // maxChangesPerMessage changes (at least one message).

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
@@ -431,5 +432,73 @@ func TestIdleHTTPConnectionsAreClosed(t *testing.T) {
 	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
 	if n, err := r.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Errorf("the idle connection: read %d bytes, %v; want it closed by the server (EOF) within 20 s", n, err)
+	}
+}
+
+// A Watch client that stops reading (a consumer stuck in its callback, its
+// connection alive) cannot keep its --max-watch-streams slot: once one
+// message could not be sent for the write timeout, its stream ends and the
+// next Watch is served. It used to hold the slot for as long as it lived.
+func TestStalledWatchReaderFreesItsSlot(t *testing.T) {
+	f := newFixture(t, fixtureOptions{engines: []engineSpec{}, configure: func(c *Config) {
+		c.MaxWatchStreams = 1
+		c.WatchBuffer = 4
+		c.HTTPWriteTimeout = 500 * time.Millisecond
+	}})
+	cc, err := grpc.NewClient(f.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	stalled, err := kvindexv1.NewIndexServiceClient(cc).Watch(context.Background(), &kvindexv1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stalled.Header(); err != nil {
+		t.Fatal(err)
+	}
+	// Never read again. Changes of 256 KiB each overflow the 64 KiB windows
+	// at once: gRPC takes one message beyond them, and the next Send blocks.
+	// One is published per attempt below, so there is always a next one.
+	feed := f.srv.Backend().Changes()
+	big := make([]uint64, 32<<10)
+	for i := range big {
+		big[i] = uint64(i) << 40
+	}
+	index := f.srv.Backend().AppliedIndex() + 1000 // beyond what this test applies
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		index++
+		feed.fan.publish([]*kvindexv1.IndexChange{{Worker: "w", Kind: kvindexv1.ChangeKind_CHANGE_KIND_REMOVED, SequenceHashes: big}}, index)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		w, err := f.index.Watch(ctx, &kvindexv1.WatchRequest{})
+		var md metadata.MD
+		if err == nil {
+			// A refused call ends without headers; a served one sends them first.
+			if md, err = w.Header(); err == nil && len(md.Get(kvindexv1.WatchFromKey)) == 0 {
+				_, err = w.Recv()
+			}
+		}
+		cancel()
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("a Watch after the stalled one: %v, want it served or refused for the slot", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a Watch is still refused 30 s after its only slot went to a client that reads nothing: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := stalled.Recv(); status.Code(err) != codes.DeadlineExceeded {
+		// Messages sent before the stall may come first.
+		for err == nil {
+			_, err = stalled.Recv()
+		}
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("the stalled Watch ended with %v, want DEADLINE_EXCEEDED", err)
+		}
 	}
 }
