@@ -15,6 +15,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -176,7 +177,10 @@ func (c *Client) read(ctx context.Context, call func(*grpc.ClientConn) error) er
 
 // write runs call on the leader: the last one known, else the members in
 // turn, following not-leader answers. retryUnavailable says whether the call
-// may be repeated after an ambiguous failure (it is idempotent).
+// may be repeated after an ambiguous failure (it is idempotent); a call that
+// may not is sent only over a connection that is up, so that a member that
+// cannot be reached (nothing was sent) is passed over for the next one. A
+// member that failed with UNAVAILABLE is not taken for the leader again.
 func (c *Client) write(ctx context.Context, retryUnavailable bool, call func(context.Context, *grpc.ClientConn) error) error {
 	if c.opts.AdminToken != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.opts.AdminToken)
@@ -195,20 +199,28 @@ func (c *Client) write(ctx context.Context, retryUnavailable bool, call func(con
 		if dialErr != nil {
 			return dialErr
 		}
-		err = call(ctx, cc)
+		unsent := false
+		if retryUnavailable || reachable(ctx, cc) {
+			err = call(ctx, cc)
+		} else {
+			err, unsent = status.Errorf(codes.Unavailable, "kvindex: member %s cannot be reached", addr), true
+		}
 		if err == nil {
 			c.mu.Lock()
 			c.leader = addr
 			c.mu.Unlock()
 			return nil
 		}
+		c.mu.Lock()
+		c.leader = ""
+		c.mu.Unlock()
 		leader, notLeader := NotLeader(err)
 		switch {
 		case ctx.Err() != nil:
 			return err
 		case notLeader && leader != "" && leader != addr:
 			addr = leader
-		case notLeader || (retryUnavailable && retriable(err)):
+		case notLeader || (retriable(err) && (retryUnavailable || unsent)):
 			// No leader known yet (an election), or the member is down: try
 			// the next after a pause.
 			addr = c.opts.Addrs[member%len(c.opts.Addrs)]
@@ -220,11 +232,26 @@ func (c *Client) write(ctx context.Context, retryUnavailable bool, call func(con
 		default:
 			return err
 		}
-		c.mu.Lock()
-		c.leader = ""
-		c.mu.Unlock()
 	}
 	return err
+}
+
+// reachable reports whether cc has a connection up, making one if it has none
+// (bounded by ctx and gRPC's connect timeout).
+func reachable(ctx context.Context, cc *grpc.ClientConn) bool {
+	cc.Connect()
+	for {
+		state := cc.GetState()
+		switch state {
+		case connectivity.Ready:
+			return true
+		case connectivity.TransientFailure, connectivity.Shutdown:
+			return false
+		}
+		if !cc.WaitForStateChange(ctx, state) {
+			return false
+		}
+	}
 }
 
 // Score asks, for one prompt (token ids, text or chat messages), how much of its

@@ -150,6 +150,61 @@ func TestWritesFollowTheLeader(t *testing.T) {
 	}
 }
 
+// TestWritesThatMustNotRunTwicePassOverADeadMember: UnregisterWorker (which
+// must not be repeated after an ambiguous failure) goes to the next member
+// when one cannot be reached, since nothing was sent to it; and once the
+// remembered leader dies, the next writes find another member. Both used to
+// fail with UNAVAILABLE, the second for good.
+func TestWritesThatMustNotRunTwicePassOverADeadMember(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	direct, err := kvindex.New(kvindex.Options{Addrs: []string{exampleAddr}, AdminToken: exampleToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	spec := &kvindexv1.WorkerSpec{Id: "w-dead-member", Model: exampleModel, BlockSize: 4}
+
+	t.Run("first member down", func(t *testing.T) {
+		if _, err := direct.RegisterWorker(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		c, err := kvindex.New(kvindex.Options{Addrs: []string{deadAddr(t), exampleAddr}, AdminToken: exampleToken})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.UnregisterWorker(ctx, spec.Id); err != nil {
+			t.Errorf("UnregisterWorker with the first member down = %v; the live member is never asked", err)
+		}
+	})
+
+	t.Run("remembered leader dies", func(t *testing.T) {
+		proxy := startCutProxy(t, exampleAddr) // stands for the leader that will die
+		c, err := kvindex.New(kvindex.Options{Addrs: []string{proxy.ln.Addr().String(), exampleAddr}, AdminToken: exampleToken})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.RegisterWorker(ctx, spec); err != nil { // remembers the proxy as the leader
+			t.Fatal(err)
+		}
+		proxy.cut(true)
+		proxy.ln.Close() // the old leader is gone for good
+		// The first write may fail: it was sent to the leader as it died.
+		var errs []error
+		for range 2 {
+			if _, err = c.UnregisterWorker(ctx, spec.Id); err == nil {
+				break
+			}
+			errs = append(errs, err)
+		}
+		if err != nil {
+			t.Errorf("UnregisterWorker after the remembered leader died: %v", errs)
+		}
+	})
+}
+
 func TestDumpAndWatch(t *testing.T) {
 	c, err := kvindex.New(kvindex.Options{Addrs: []string{exampleAddr}})
 	if err != nil {

@@ -3,7 +3,10 @@
 // dials any member, retries idempotent calls on another member when one is
 // unavailable, and sends writes to the leader, following a follower's
 // not-leader answer (an errdetails.ErrorInfo with reason NOT_LEADER and the
-// leader's gRPC address) to it.
+// leader's gRPC address) to it. A write that must not run twice
+// (UnregisterWorker, Join, Leave) is sent only over a connection that is up:
+// a member that cannot be reached is passed over for the next one, since
+// nothing was sent to it, while a failure after the call was sent is returned.
 //
 // Import it as
 //
