@@ -174,6 +174,20 @@ func TestRegisterAndUnregister(t *testing.T) {
 	for _, hs := range f.srv.Index().HolderStats([]string{"e9"}) {
 		t.Errorf("e9 still holds blocks: %+v", hs)
 	}
+	// Mooncake's unregister body always names a dp rank: naming a worker's
+	// only rank removes it; one rank of several (7 has two) cannot go alone.
+	mooncake := map[string]any{"endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558", "type": "vLLM",
+		"modelname": testModel, "tenant_id": "default", "instance_id": "vllm-prefill-node1", "block_size": 4, "dp_rank": 0}
+	if code, body := f.postJSON("/register", mooncake); code != 201 {
+		t.Fatalf("POST /register (Mooncake body) = %d %s", code, body)
+	}
+	if code, body := f.postJSON("/unregister", map[string]any{"type": "vLLM", "modelname": testModel, "tenant_id": "default",
+		"instance_id": "vllm-prefill-node1", "block_size": 4, "dp_rank": 0}); code != 200 {
+		t.Errorf("POST /unregister (Mooncake body, the only rank) = %d %s", code, body)
+	}
+	if code, body := f.postJSON("/unregister", `{"instance_id": 7, "dp_rank": 0}`); code != 501 || !strings.Contains(body, "has 2") {
+		t.Errorf("POST /unregister of one rank of two = %d %s, want 501", code, body)
+	}
 	if code, body := f.postJSON("/unregister", `{"instance_id": 7}`); code != 200 || !strings.Contains(body, `"status":"ok"`) {
 		t.Errorf("POST /unregister (Dynamo form) = %d %s", code, body)
 	}

@@ -617,7 +617,15 @@ func (a *API) handleUnregister(w http.ResponseWriter, r *http.Request) error {
 		return invalidArg("worker_id (or instance_id) is required")
 	}
 	if req.DPRank != nil {
-		return fmt.Errorf("%w: removing one dp rank (dp_rank=%d); unregister the whole worker", ErrNotSupported, *req.DPRank)
+		// Mooncake's body always names a rank. Naming the only rank of a
+		// worker removes the worker; one rank of several cannot go alone.
+		view, err := a.view.get(r.Context())
+		if err != nil {
+			return err
+		}
+		if vw := view.byID[id]; vw != nil && (*req.DPRank != 0 || vw.ranks > 1) {
+			return fmt.Errorf("%w: removing one dp rank (dp_rank=%d) of worker %q, which has %d; unregister the whole worker (no dp_rank)", ErrNotSupported, *req.DPRank, id, vw.ranks)
+		}
 	}
 	if _, err := a.unregisterWorker(r.Context(), id); err != nil {
 		return err
