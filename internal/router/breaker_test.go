@@ -213,6 +213,43 @@ func (r *testRouter) breakerTrips(w string) float64 {
 	return testutil.ToFloat64(r.metrics.breakerTrips.WithLabelValues(w))
 }
 
+// halfOpen trips each worker's breaker and lets the cooldown pass: each then
+// admits one probe.
+func (r *testRouter) halfOpen(t *testing.T, clk *fakeClock, workers ...string) {
+	t.Helper()
+	for _, w := range workers {
+		for range r.cfg.BreakerFailureThreshold {
+			r.breakers.Record(w, OutcomeFailure, false)
+		}
+	}
+	clk.Advance(r.cfg.BreakerCooldown)
+	for _, w := range workers {
+		if !r.breakers.Allows(w) {
+			t.Fatalf("%s: no probe admitted right after its first cooldown", w)
+		}
+	}
+}
+
+// admitsAProbeAgain fails w until its breaker is open, lets the longest
+// cooldown pass and checks that a probe is admitted: the breaker holds no probe
+// that was never handed back.
+func (r *testRouter) admitsAProbeAgain(t *testing.T, clk *fakeClock, w string) {
+	t.Helper()
+	for i := 0; ; i++ {
+		if s, _ := r.breakers.State(w); s == BreakerOpen {
+			break
+		}
+		if i == r.cfg.BreakerFailureThreshold {
+			t.Fatalf("%s: breaker not open after %d more failures", w, i)
+		}
+		r.breakers.Record(w, OutcomeFailure, false)
+	}
+	clk.Advance(r.cfg.BreakerMaxCooldown)
+	if !r.breakers.Allows(w) {
+		t.Errorf("%s failed again and its cooldown passed, yet its breaker admits no probe: an earlier probe was never handed back, so it stays excluded for good", w)
+	}
+}
+
 // okUntil sends requests (each must succeed: a failure on w0 is retried on w1)
 // until cond holds, at most max of them.
 func okUntil(t *testing.T, rt *testRouter, max int, what string, cond func() bool) {

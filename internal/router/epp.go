@@ -194,7 +194,7 @@ type eppExchange struct {
 	prep     *prepared
 	endpoint map[string]Target // endpoint -> target among the decision's candidates
 	served   string            // worker that served, from the response metadata
-	probe    bool
+	probe    bool              // the exchange holds the served target's half-open probe
 	status   int
 	once     sync.Once
 }
@@ -244,6 +244,11 @@ func (x *eppExchange) handle(req *extprocv3.ProcessingRequest) ([]*extprocv3.Pro
 		x.moveToServed()
 		if x.d != nil {
 			x.d.res.FirstByte()
+			if x.d.prefillRes != nil {
+				// The sidecar runs the prefill leg before the decode's: once the
+				// decode answers, the prefill worker's part is over.
+				x.d.prefillRes.Release()
+			}
 		}
 		resp := &extprocv3.HeadersResponse{}
 		if x.d != nil {
@@ -404,7 +409,9 @@ func (x *eppExchange) decide(headersOnly bool) []*extprocv3.ProcessingResponse {
 	x.d = d
 	x.r.record(d, p, true)
 	x.r.metrics.overhead.Observe(x.r.now().Sub(x.arrival).Seconds())
-	x.probe = x.r.breakers.Begin(d.Target.Worker)
+	// decide took the target's half-open probe with the pick (beginProbes):
+	// this exchange owns it now and hands it back when it ends.
+	x.probe = d.probe
 
 	dests, set := x.destinations(d)
 	value := strings.Join(dests, ",")
@@ -533,6 +540,10 @@ func (x *eppExchange) finish(result string) {
 			result = resultClientError
 		}
 		x.r.breakers.Record(x.d.Target.Worker, outcome, x.probe)
+		if x.d.prefillProbe {
+			// The sidecar runs the prefill leg; its outcome is not seen here.
+			x.r.breakers.Record(x.d.Prefill.Worker, OutcomeNeutral, true)
+		}
 		x.r.metrics.requests.WithLabelValues(x.d.Policy, result, x.d.Target.Worker).Inc()
 	})
 }

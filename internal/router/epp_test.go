@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
@@ -26,8 +27,14 @@ import (
 // an ext_proc client.
 func startEPP(t *testing.T, cfg Config) (*testRouter, extprocv3.ExternalProcessorClient, *grpc.ClientConn) {
 	t.Helper()
+	return startEPPWith(t, cfg, nil)
+}
+
+// startEPPWith is startEPP with startRouterWith's adjust hook.
+func startEPPWith(t *testing.T, cfg Config, adjust func(*Router)) (*testRouter, extprocv3.ExternalProcessorClient, *grpc.ClientConn) {
+	t.Helper()
 	cfg.EPP.Addr = "127.0.0.1:0"
-	rt := startRouter(t, cfg)
+	rt := startRouterWith(t, cfg, adjust)
 	waitFor(t, 10*time.Second, "the EPP to listen", func() bool { return rt.EPPAddr() != "" })
 	cc, err := grpc.NewClient(rt.EPPAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -448,4 +455,115 @@ func TestEPPHealth(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An EPP request to a half-open worker carries the probe its decision took and
+// hands it back however the exchange ends (answered, answered by a fallback,
+// failed, aborted): a probe never handed back leaves the worker excluded for
+// good the next time it fails.
+func TestEPPHandsBackTheHalfOpenProbe(t *testing.T) {
+	cases := []struct {
+		name  string
+		fault int // status every engine fails with; 0: healthy
+		// end plays the rest of the exchange after the decision listed dests.
+		end func(e *envoy, dests []string, body string)
+	}{
+		{"answered by the choice", 0, func(e *envoy, dests []string, body string) {
+			code, answer := upstream(e.t, dests[0], "/v1/completions", body)
+			e.respond(code, dests[0], answer)
+		}},
+		{"answered by a fallback", 0, func(e *envoy, dests []string, body string) {
+			code, answer := upstream(e.t, dests[1], "/v1/completions", body)
+			e.respond(code, dests[1], answer)
+		}},
+		{"engine failed", http.StatusInternalServerError, func(e *envoy, dests []string, body string) {
+			code, answer := upstream(e.t, dests[0], "/v1/completions", body)
+			e.respond(code, dests[0], answer)
+		}},
+		{"aborted", 0, func(e *envoy, _ []string, _ string) { e.cancel() }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := startFleet(t, 2, func(_ int, ec *fakeengine.Config) {
+				if c.fault != 0 {
+					ec.Faults = fakeengine.Faults{FailRate: 1, FailStatus: c.fault}
+				}
+			})
+			clk := newFakeClock()
+			rt, client, _ := startEPPWith(t, testConfig(t, f), func(r *Router) { r.breakers.now = clk.Now })
+			// Both half-open: the decision takes its choice's probe and lists the
+			// other (whose probe is free) as the fallback.
+			rt.halfOpen(t, clk, f.ids...)
+			body := completionBody(words("probe "+c.name, 30), 2)
+			e := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+			dests := strings.Split(e.request("/v1/completions", body, nil).header[EPPDestinationHeader], ",")
+			if len(dests) != 2 {
+				t.Fatalf("destinations %v: want the choice and a fallback", dests)
+			}
+			c.end(e, dests, body)
+			waitFor(t, 10*time.Second, "the request to be counted", func() bool { return rt.counted(f.ids) == 1 })
+			for _, w := range f.ids {
+				rt.admitsAProbeAgain(t, clk, w)
+			}
+			rt.assertNoLoad(t, f.ids)
+		})
+	}
+}
+
+// Disaggregated, the prefill worker's part is over when the decode's response
+// headers arrive: its load is released then, not at the end of the decode, and
+// its half-open probe is handed back (neutral: the EPP does not see the prefill
+// leg's outcome, the sidecar runs it).
+func TestEPPPrefillWorkerHandsBackItsProbeAndLoadAtTheDecodesHeaders(t *testing.T) {
+	f := pdFleet(t, nil)
+	clk := newFakeClock()
+	rt, client, _ := startEPPWith(t, testConfig(t, f), func(r *Router) { r.breakers.now = clk.Now })
+	rt.halfOpen(t, clk, "w0", "w1")
+	eps := f.endpoints()
+	body := completionBody(words("pd probe", 100), 4)
+	e := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+	a := e.request("/v1/completions", body, nil)
+	decodeEP, prefillEP := strings.Split(a.header[EPPDestinationHeader], ",")[0], a.header[EPPPrefillerHeader]
+	decode, prefill := Target{Worker: eps[decodeEP]}, Target{Worker: eps[prefillEP]}
+	if decode.Worker != "w2" || (prefill.Worker != "w0" && prefill.Worker != "w1") {
+		t.Fatalf("decode %q prefill %q: want w2 and a prefill worker", decodeEP, prefillEP)
+	}
+	if l := rt.ledger.Load(prefill); l.InFlight != 1 {
+		t.Fatalf("prefill worker's load after the decision = %+v, want one in flight", l)
+	}
+
+	// The sidecar's flow: the prefill leg, then the decode leg with its
+	// kv_transfer_params.
+	pb, err := prefillRequest([]byte(body), endpointCompletions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, raw := upstream(t, prefillEP, "/v1/completions", string(pb))
+	var pre completion
+	if err := json.Unmarshal(raw, &pre); code != http.StatusOK || err != nil {
+		t.Fatalf("prefill leg: %d %s (%v)", code, raw, err)
+	}
+	db, err := withKVTransfer([]byte(body), pre.KVTransferParams)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, answer := upstream(t, decodeEP, "/v1/completions", string(db))
+	e.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+		Headers: headerMap(":status", itoa(code), "content-type", "application/json")}}})
+	e.recv()
+	if l := rt.ledger.Load(prefill); l.InFlight != 0 {
+		t.Errorf("prefill worker's load after the decode's response headers = %+v, want none", l)
+	}
+	if l := rt.ledger.Load(decode); l.InFlight != 1 {
+		t.Errorf("decode worker's load while its body streams = %+v, want one in flight", l)
+	}
+	e.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: answer, EndOfStream: true}}})
+	e.recv()
+	if got := rt.servedCount("w2"); got != 1 {
+		t.Fatalf("ok count of w2 = %d, want 1", got)
+	}
+	for _, w := range []string{"w0", "w1"} {
+		rt.admitsAProbeAgain(t, clk, w)
+	}
+	rt.assertNoLoad(t, f.ids)
 }

@@ -296,6 +296,17 @@ func (r *testRouter) servedCount(worker string) int {
 	return int(testutil.ToFloat64(r.metrics.requests.WithLabelValues(r.policy.Name(), resultOK, worker)))
 }
 
+// counted is how many requests the router counted (any result) on workers.
+func (r *testRouter) counted(workers []string) int {
+	n := 0
+	for _, w := range workers {
+		for _, result := range []string{resultOK, resultUpstreamError, resultClientError, resultCanceled} {
+			n += int(testutil.ToFloat64(r.metrics.requests.WithLabelValues(r.policy.Name(), result, w)))
+		}
+	}
+	return n
+}
+
 // servedBy runs fn and returns the worker whose ok count grew by one.
 func (r *testRouter) servedBy(t testing.TB, workers []string, fn func()) string {
 	t.Helper()
