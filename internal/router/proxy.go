@@ -97,6 +97,10 @@ func (r *Router) serve(ctx context.Context, w http.ResponseWriter, p *prepared, 
 			r.fail(w, err, resultClientError)
 			return
 		}
+		if last != nil { // counted once another worker took it, not when nobody could
+			r.metrics.retries.WithLabelValues(last.reason).Inc()
+			r.log.Debug("retrying on another worker", "failed", last.worker, "reason", last.reason, "err", last.err, "worker", d.Target.Worker)
+		}
 		r.record(d, p, attempt == 0)
 		fail := r.dispatch(ctx, w, p, d, markSent)
 		d.release()
@@ -105,10 +109,6 @@ func (r *Router) serve(ctx context.Context, w http.ResponseWriter, p *prepared, 
 		}
 		last = fail
 		tried[fail.worker] = true
-		if attempt < r.cfg.RequestMaxRetries {
-			r.metrics.retries.WithLabelValues(fail.reason).Inc()
-			r.log.Debug("retrying on another worker", "worker", fail.worker, "reason", fail.reason, "err", fail.err)
-		}
 	}
 	last.writeTo(w)
 	r.metrics.requests.WithLabelValues(r.policy.Name(), resultUpstreamError, last.worker).Inc()

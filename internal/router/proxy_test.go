@@ -207,6 +207,38 @@ func TestFailover(t *testing.T) {
 	})
 }
 
+// In direct mode the header names the one worker a request may go to: its
+// failure is the answer, never retried on that same worker (which would send a
+// failing engine the request 1 + --request-max-retries times and count as many
+// breaker failures), nor anywhere else.
+func TestDirectModeAnswersTheNamedWorkersFailureWithoutRetryingIt(t *testing.T) {
+	for _, status := range []int{http.StatusInternalServerError, http.StatusTooManyRequests} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			f := startFleet(t, 2, func(i int, c *fakeengine.Config) {
+				if i == 0 {
+					c.Faults = fakeengine.Faults{FailRate: 1, FailStatus: status}
+				}
+			})
+			cfg := testConfig(t, f)
+			cfg.Mode = ModeDirect
+			cfg.RequestMaxRetries = 3
+			up := countUpstream(t, &cfg)
+			rt := startRouter(t, cfg)
+			code, _, raw := post(t, rt.url, "/v1/completions", completionBody("direct", 2), "X-Worker-Instance-Id", "w0")
+			if code != status {
+				t.Errorf("answer %d %s, want the named worker's %d", code, raw, status)
+			}
+			if got := counts(up); got["w0"] != 1 || got["w1"] != 0 {
+				t.Errorf("requests received %v, want w0:1 w1:0", got)
+			}
+			if got := testutil.CollectAndCount(rt.metrics.retries); got != 0 {
+				t.Errorf("%d retry reasons counted, want none (nothing was retried)", got)
+			}
+			rt.assertNoLoad(t, f.ids)
+		})
+	}
+}
+
 // A stream that stalls after it started is ended by --request-idle-timeout with
 // an SSE error event (504) and cancelled upstream.
 func TestStalledStreamEndsWithIdleTimeout(t *testing.T) {

@@ -168,7 +168,7 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 	route.dryRun = dryRun
 	d := &Decision{Policy: r.policy.Name()}
 	if route.DirectWorker != "" {
-		return r.decideDirect(p, d, agg, prePool, decPool)
+		return r.decideDirect(p, d, tried, agg, prePool, decPool)
 	}
 	serve := agg
 	if decPool != nil {
@@ -366,8 +366,11 @@ func (r *Router) markSession(route *RouteRequest, cands []Candidate) {
 	}
 }
 
-// decideDirect dispatches to the workers the direct-mode headers name.
-func (r *Router) decideDirect(p *prepared, d *Decision, pools ...*pool) (*Decision, error) {
+// decideDirect dispatches to the workers the direct-mode headers name. Once the
+// named worker failed this request (tried), there is nobody to retry on: the
+// header's sender chose that worker, and sending it the request again would only
+// repeat the failure.
+func (r *Router) decideDirect(p *prepared, d *Decision, tried map[string]bool, pools ...*pool) (*Decision, error) {
 	route := &p.route
 	find := func(id string) (*Worker, error) {
 		for _, pl := range pools {
@@ -385,6 +388,9 @@ func (r *Router) decideDirect(p *prepared, d *Decision, pools ...*pool) (*Decisi
 	w, err := find(route.DirectWorker)
 	if err != nil {
 		return nil, err
+	}
+	if tried[w.ID] {
+		return nil, fmt.Errorf("%w: %q, which the x-worker-instance-id header names, already failed this request", ErrNoWorkers, w.ID)
 	}
 	d.Source, d.Reason = SourceDirect, "x-worker-instance-id header"
 	d.Target = r.leastLoadedRank(w)
