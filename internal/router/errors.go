@@ -15,8 +15,9 @@ var (
 	ErrTooLarge = errors.New("request body too large")
 	// ErrUpstream: every attempt failed before a response could be relayed (502).
 	ErrUpstream = errors.New("upstream failed")
-	// ErrUpstreamTimeout: the engine did not answer within --first-byte-timeout or
-	// stalled past --request-idle-timeout (504).
+	// ErrUpstreamTimeout: the engine did not answer within --first-byte-timeout
+	// (--request-idle-timeout for a non-streamed answer) or stalled past
+	// --request-idle-timeout (504).
 	ErrUpstreamTimeout = errors.New("upstream timed out")
 )
 

@@ -109,6 +109,9 @@ func (r *Router) serve(ctx context.Context, w http.ResponseWriter, p *prepared, 
 		}
 		last = fail
 		tried[fail.worker] = true
+		if !fail.retryable() {
+			break
+		}
 	}
 	last.writeTo(w)
 	r.metrics.requests.WithLabelValues(r.policy.Name(), resultUpstreamError, last.worker).Inc()
@@ -156,7 +159,7 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, p *prepare
 	if worker == nil {
 		worker = r.fleet.View().byID[d.Target.Worker]
 	}
-	l := &leg{target: d.Target, worker: worker, path: p.path, body: body, header: p.header, res: d.res}
+	l := &leg{target: d.Target, worker: worker, path: p.path, body: body, header: p.header, res: d.res, oneShot: !p.stream}
 	probe := d.probe
 	markSent()
 	resp, first, stop, fail := r.start(ctx, l)

@@ -122,9 +122,9 @@ func TestLoadIsReleasedOnEveryPath(t *testing.T) {
 	})
 }
 
-// A worker that does not answer within --first-byte-timeout is abandoned and the
-// request succeeds elsewhere; a stream that breaks after bytes reached the client
-// ends with an SSE error event, and no second generation is started.
+// A worker whose stream does not start within --first-byte-timeout is abandoned
+// and the request succeeds elsewhere; a stream that breaks after bytes reached
+// the client ends with an SSE error event, and no second generation is started.
 func TestFailover(t *testing.T) {
 	t.Run("before the first byte", func(t *testing.T) {
 		f := startFleet(t, 2, nil)
@@ -134,8 +134,8 @@ func TestFailover(t *testing.T) {
 		cfg.FirstByteTimeout = 300 * time.Millisecond
 		rt := startRouter(t, cfg)
 		for range 2 { // one of the two starts on w0
-			if code, _, raw := post(t, rt.url, "/v1/completions", completionBody(words("fo", 20), 2)); code != http.StatusOK {
-				t.Fatalf("%d %s", code, raw)
+			if resp, raw := send(t, rt.url, "/v1/completions", streamBody(words("fo", 20), 2)); resp.StatusCode != http.StatusOK {
+				t.Fatalf("%d %s", resp.StatusCode, raw)
 			}
 		}
 		// Round-robin's counter also turns on the retry, so both requests start on w0.

@@ -29,10 +29,12 @@ const maxErrorBody = 1 << 20
 var errAbortResponse = errors.New("upstream answer broke mid-body")
 
 // failure is an attempt that ended before any byte reached the client, so it may
-// be retried elsewhere.
+// be retried elsewhere (unless it is an answer_timeout).
 type failure struct {
 	worker string
-	reason string // retry reason label: connect, status_5xx, status_429, first_byte_timeout
+	// retry reason label: connect, status_5xx, status_429, first_byte_timeout; or
+	// answer_timeout, which is never retried
+	reason string
 	// status, header and body of the upstream's answer, relayed when no retry is left;
 	// status 0 when there was none.
 	status int
@@ -51,10 +53,15 @@ func (f *failure) outcome() Outcome {
 	return OutcomeFailure
 }
 
+// retryable: another worker may take the request. A non-streamed answer that
+// did not come within --request-idle-timeout is not run again: the engine may
+// have been generating it all along, and the client has waited that long already.
+func (f *failure) retryable() bool { return f.reason != "answer_timeout" }
+
 // writeTo relays the failure to the client as the final answer.
 func (f *failure) writeTo(w http.ResponseWriter) {
 	if f.status == 0 {
-		if f.reason == "first_byte_timeout" {
+		if f.reason == "first_byte_timeout" || f.reason == "answer_timeout" {
 			writeError(w, fmt.Errorf("%w: %v", ErrUpstreamTimeout, f.err))
 		} else {
 			writeError(w, fmt.Errorf("%w: %v", ErrUpstream, f.err))
@@ -83,23 +90,37 @@ type leg struct {
 	body   []byte
 	header http.Header
 	res    *Reservation
+	// oneShot: the engine answers in one piece when the generation ends (the
+	// client did not ask for a stream), so its first byte says nothing about
+	// time to first token.
+	oneShot bool
 }
 
-// start sends the leg and waits for its response headers and first body bytes,
-// all within --first-byte-timeout. It returns the response with its first chunk
-// (the caller owns resp.Body and must call stop), or a failure. stop ends the
-// attempt's timers and context.
+// start sends the leg and waits for its response headers and first body bytes:
+// within --first-byte-timeout for a stream or a prefill leg (whose one-token
+// answer comes when prefill ends, as a stream's first token does), within
+// --request-idle-timeout for a oneShot leg (0: no bound). It returns the response
+// with its first chunk (the caller owns resp.Body and must call stop), or a
+// failure. stop ends the attempt's timers and context.
 func (r *Router) start(ctx context.Context, l *leg) (resp *http.Response, first []byte, stop func(), fail *failure) {
 	actx, cancel := context.WithCancelCause(ctx)
+	wait, timeoutReason, flag := r.cfg.FirstByteTimeout, "first_byte_timeout", "--first-byte-timeout"
+	if l.oneShot {
+		wait, timeoutReason, flag = r.cfg.RequestIdleTimeout, "answer_timeout", "--request-idle-timeout"
+	}
 	var timedOut atomic.Bool
-	timer := time.AfterFunc(r.cfg.FirstByteTimeout, func() {
-		timedOut.Store(true)
-		cancel(fmt.Errorf("%w: no response within --first-byte-timeout=%s", ErrUpstreamTimeout, r.cfg.FirstByteTimeout))
-	})
-	stop = func() { timer.Stop(); cancel(nil) }
+	stopTimer := func() bool { return false }
+	if wait > 0 {
+		timer := time.AfterFunc(wait, func() {
+			timedOut.Store(true)
+			cancel(fmt.Errorf("%w: no response within %s=%s", ErrUpstreamTimeout, flag, wait))
+		})
+		stopTimer = timer.Stop
+	}
+	stop = func() { stopTimer(); cancel(nil) }
 	failed := func(reason string, err error) *failure {
 		if timedOut.Load() {
-			reason, err = "first_byte_timeout", context.Cause(actx)
+			reason, err = timeoutReason, context.Cause(actx)
 		}
 		return &failure{reason: reason, err: fmt.Errorf("worker %s: %w", l.target.Worker, err)}
 	}
@@ -139,11 +160,11 @@ func (r *Router) start(ctx context.Context, l *leg) (resp *http.Response, first 
 		stop()
 		return nil, nil, nil, failed("connect", fmt.Errorf("response broke before its first byte: %w", err))
 	}
-	timer.Stop()
+	stopTimer()
 	if timedOut.Load() { // the timer fired between the read and Stop
 		resp.Body.Close()
 		stop()
-		return nil, nil, nil, failed("first_byte_timeout", context.Cause(actx))
+		return nil, nil, nil, failed(timeoutReason, context.Cause(actx))
 	}
 	return resp, buf[:n], stop, nil
 }
