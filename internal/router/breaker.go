@@ -37,7 +37,8 @@ const (
 	OutcomeSuccess Outcome = iota
 	// OutcomeFailure: connect error, 5xx, first-byte or idle timeout, broken stream.
 	OutcomeFailure
-	// OutcomeNeutral: 429 or a request cancelled by its client; says nothing.
+	// OutcomeNeutral: 429, or a request its client cancelled or stopped
+	// reading; says nothing.
 	OutcomeNeutral
 )
 

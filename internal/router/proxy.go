@@ -193,13 +193,17 @@ func (r *Router) dispatch(ctx context.Context, w http.ResponseWriter, p *prepare
 		result = resultClientError
 	case err != nil && ctx.Err() != nil:
 		result, outcome = resultCanceled, OutcomeNeutral
+	case errors.Is(err, errClientWrite):
+		// The client stopped taking the answer: the engine did nothing wrong.
+		result, outcome = resultCanceled, OutcomeNeutral
+		r.log.Debug("the client took no chunk for --request-idle-timeout (or its connection broke); connection closed", "worker", worker.ID, "err", err)
 	case err != nil:
 		result, outcome = resultUpstreamError, OutcomeFailure
 		r.log.Warn("stream failed after the first byte; ended with an error event, not retried", "worker", worker.ID, "err", err)
 	}
 	r.breakers.Record(worker.ID, outcome, probe)
 	r.metrics.requests.WithLabelValues(d.Policy, result, worker.ID).Inc()
-	if errors.Is(err, errAbortResponse) {
+	if errors.Is(err, errAbortResponse) || errors.Is(err, errClientWrite) {
 		d.release() // the panic skips the caller's release
 		panic(http.ErrAbortHandler)
 	}

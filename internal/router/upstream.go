@@ -28,6 +28,11 @@ const maxErrorBody = 1 << 20
 // the handler must abort the connection (panic(http.ErrAbortHandler)).
 var errAbortResponse = errors.New("upstream answer broke mid-body")
 
+// errClientWrite: the client did not take a chunk within --request-idle-timeout,
+// or its connection broke. The engine did nothing wrong; the handler must abort
+// the connection, which can carry nothing more.
+var errClientWrite = errors.New("writing to the client failed")
+
 // failure is an attempt that ended before any byte reached the client, so it may
 // be retried elsewhere (unless it is an answer_timeout).
 type failure struct {
@@ -183,42 +188,62 @@ func readSome(rd io.Reader, buf []byte) (int, error) {
 }
 
 // relay writes the response to the client chunk by chunk, flushing each, with
-// --request-idle-timeout between chunks. It returns nil when the upstream body
-// ended cleanly, the client's context error when the client left, or the
-// upstream failure (which it reports in-band for SSE).
+// --request-idle-timeout between chunks, and as the longest a chunk waits for the
+// client to take it. It returns nil when the upstream body ended cleanly, the
+// client's context error when the client left, errClientWrite when the client
+// stopped taking the answer, or the upstream failure (which it reports in-band
+// for SSE).
 func (r *Router) relay(client context.Context, w http.ResponseWriter, resp *http.Response, first []byte, cancelAttempt func()) error {
 	defer resp.Body.Close()
 	copyHeader(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
 	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	flusher, _ := w.(http.Flusher)
-	write := func(b []byte) error {
-		if _, err := w.Write(b); err != nil {
-			return err
+	idleTimeout := r.cfg.RequestIdleTimeout
+	rc := http.NewResponseController(w)
+	// A client that stops reading without closing its connection would block a
+	// write forever, and with it the request's load and goroutine: each write
+	// gets the idle timeout, and so does the server's end of the response after
+	// relay returns (net/http clears the deadline once the response is finished,
+	// before a keep-alive connection's next request).
+	deadline := func() {
+		if idleTimeout > 0 {
+			rc.SetWriteDeadline(time.Now().Add(idleTimeout))
 		}
-		if flusher != nil {
-			flusher.Flush()
+	}
+	defer deadline()
+	write := func(b []byte) error {
+		deadline()
+		if _, err := w.Write(b); err != nil {
+			return fmt.Errorf("%w: %v", errClientWrite, err)
+		}
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return fmt.Errorf("%w: %v", errClientWrite, err)
 		}
 		return nil
 	}
 	if err := write(first); err != nil {
-		return fmt.Errorf("writing to the client: %w", err)
+		return err
 	}
 	var idle atomic.Bool
 	var timer *time.Timer
-	if r.cfg.RequestIdleTimeout > 0 {
-		timer = time.AfterFunc(r.cfg.RequestIdleTimeout, func() { idle.Store(true); cancelAttempt() })
+	if idleTimeout > 0 {
+		timer = time.AfterFunc(idleTimeout, func() { idle.Store(true); cancelAttempt() })
 		defer timer.Stop()
 	}
 	buf := first[:cap(first)]
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
+			// The upstream is not idle while the client takes the chunk: only
+			// the write's deadline runs then.
 			if timer != nil {
-				timer.Reset(r.cfg.RequestIdleTimeout)
+				timer.Stop()
 			}
 			if werr := write(buf[:n]); werr != nil {
-				return fmt.Errorf("writing to the client: %w", werr)
+				return werr
+			}
+			if timer != nil {
+				timer.Reset(idleTimeout)
 			}
 		}
 		if errors.Is(err, io.EOF) {
