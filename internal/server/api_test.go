@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -618,5 +619,30 @@ func TestProtoRoundTripOfResponses(t *testing.T) {
 	}
 	if p.Scores[0].HitRate != 1 || p.Scores[0].MatchedTokens != 8 {
 		t.Errorf("score = %v", p.Scores[0])
+	}
+}
+
+// TestAnEmptyWorkerListMeansEveryWorker: a hit-rate request with "pods": []
+// scores every worker of the model, as one without "pods" does (and as
+// llm-d's empty pod_identifiers means); it used to score nobody.
+func TestAnEmptyWorkerListMeansEveryWorker(t *testing.T) {
+	f := newFixture(t, fixtureOptions{})
+	tr := sendTraffic(f)
+	pods := func(body map[string]any) []string {
+		code, resp := f.postJSON("/kv-cache/hit-rate", body)
+		var hr hitRateResponse
+		if err := json.Unmarshal([]byte(resp), &hr); code != 200 || err != nil {
+			t.Fatalf("POST /kv-cache/hit-rate = %d %s", code, resp)
+		}
+		var ids []string
+		for _, p := range hr.Pods {
+			ids = append(ids, fmt.Sprintf("%s:%d", p.Pod, p.MatchedBlocks))
+		}
+		return ids
+	}
+	all := pods(map[string]any{"model": testModel, "token_ids": tr.query})
+	empty := pods(map[string]any{"model": testModel, "token_ids": tr.query, "pods": []string{}})
+	if len(all) < 2 || !slices.Equal(all, empty) {
+		t.Errorf(`with "pods": [] the answer lists %v, without "pods" %v: want the same, every worker`, empty, all)
 	}
 }
