@@ -154,7 +154,8 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 	}
 	var cands []*viewWorker
 	var filter []string // nil: Match answers for every worker of the namespace
-	if len(q.workers) == 0 { // none named, or an empty list (as llm-d means it): all
+	// None named, or an empty list (as llm-d means it): every worker.
+	if len(q.workers) == 0 {
 		// The namespace holds only this model's workers, so Match needs no filter
 		// (resolving one costs a map lookup per worker of the model on every
 		// request); the merge below drops the ineligible ones, whose answers are
