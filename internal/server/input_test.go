@@ -46,6 +46,7 @@ func TestBadRESTInputIsRefusedClearly(t *testing.T) {
 		{"two prompts", "/kv-cache/hit-rate", fmt.Sprintf(`{"model": %q, "prompt": "a", "token_ids": [1]}`, testModel), 400, "invalid_argument", "only one of"},
 		{"no prompt", "/kv-cache/hit-rate", fmt.Sprintf(`{"model": %q}`, testModel), 400, "invalid_argument", "prompt is missing"},
 		{"no model", "/kv-cache/hit-rate", `{"token_ids": [1, 2, 3, 4]}`, 400, "invalid_argument", "model is required"},
+		{"a 257-byte pod name", "/kv-cache/hit-rate", fmt.Sprintf(`{"model": %q, "token_ids": [1, 2, 3, 4], "pods": ["e0", %q]}`, testModel, strings.Repeat("p", 257)), 413, "too_large", "worker id is 257 bytes"},
 		{"non-text content part", "/kv-cache/hit-rate", fmt.Sprintf(`{"model": %q, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}`, testModel), 400, "invalid_argument", "image_url"},
 		{"query without token_ids", "/query", `{"model_name": "m"}`, 400, "invalid_argument", "token_ids is required"},
 		{"query with two models", "/query", `{"model": "a", "model_name": "b", "token_ids": [1]}`, 400, "invalid_argument", "differ"},

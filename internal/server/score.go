@@ -105,6 +105,11 @@ func (a *API) score(ctx context.Context, q *scoreQuery) (*scoreResult, error) {
 	if err := checkNames("model", q.model, "lora_name", q.lora, "cache_salt", q.salt); err != nil {
 		return nil, err
 	}
+	for _, w := range q.workers {
+		if err := checkNames("worker id", w); err != nil {
+			return nil, err
+		}
+	}
 	if q.blockSize < 0 || q.blockSize > maxBlockSize {
 		return nil, invalidArg("block_size=%d must be between 1 and %d", q.blockSize, maxBlockSize)
 	}
