@@ -48,6 +48,9 @@ type Backend interface {
 	// holds; an unknown id fails with ErrNotFound.
 	UnregisterWorker(ctx context.Context, id string) (uint64, error)
 
+	// Leader is the leader as this node knows it, asking no other member: its
+	// id and gRPC address (empty when unknown), and whether it is this node.
+	Leader() (id, grpcAddr string, self bool)
 	// Cluster describes the raft cluster as this node sees it, with each
 	// member's applied index and, when withDigest, index digest (asked of
 	// the members).

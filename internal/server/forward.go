@@ -263,7 +263,7 @@ type memberService struct {
 func (s memberService) ForwardEvents(stream kvindexv1.MemberService_ForwardEventsServer) error {
 	in, err := s.a.backend.FrameInput()
 	if err != nil {
-		if lerr := s.a.leaderOnly(stream.Context()); lerr != nil {
+		if lerr := s.a.leaderOnly(); lerr != nil {
 			return lerr
 		}
 		return fmt.Errorf("%w: this member leads but its ingest is not running yet: %w", ErrUnavailable, err)
@@ -294,12 +294,12 @@ func (s memberService) ForwardEvents(stream kvindexv1.MemberService_ForwardEvent
 		case req := <-reqs:
 			for _, fr := range req.Frames {
 				if in.Deliver(wire.Frame{Topic: fr.Topic, Seq: fr.Seq, Payload: fr.Payload}) != nil {
-					return s.a.ingestEnded(ctx)
+					return s.a.ingestEnded()
 				}
 				delivered++
 			}
 		case <-in.Done():
-			return s.a.ingestEnded(ctx)
+			return s.a.ingestEnded()
 		case <-ctx.Done():
 			if cause := context.Cause(ctx); !errors.Is(cause, io.EOF) {
 				return cause
@@ -311,8 +311,8 @@ func (s memberService) ForwardEvents(stream kvindexv1.MemberService_ForwardEvent
 
 // ingestEnded is how a ForwardEvents stream ends when this member's ingest
 // stopped: not leading any more (naming the leader when known), or shutting down.
-func (a *API) ingestEnded(ctx context.Context) error {
-	if err := a.leaderOnly(ctx); err != nil {
+func (a *API) ingestEnded() error {
+	if err := a.leaderOnly(); err != nil {
 		return err
 	}
 	return fmt.Errorf("%w: this member's ingest stopped", ErrUnavailable)

@@ -353,7 +353,7 @@ func nextLedgerSession() uint64 {
 func (s loadService) Report(stream kvindexv1.LoadService_ReportServer) error {
 	a := s.a
 	ctx := stream.Context()
-	if err := a.leaderOnly(ctx); err != nil {
+	if err := a.leaderOnly(); err != nil {
 		return err
 	}
 	first, err := stream.Recv()
@@ -403,7 +403,7 @@ func (s loadService) Report(stream kvindexv1.LoadService_ReportServer) error {
 		case <-changed:
 		case <-heartbeat.C:
 		case <-leaderCheck.C:
-			if err := a.leaderOnly(ctx); err != nil {
+			if err := a.leaderOnly(); err != nil {
 				heartbeat.Stop()
 				return err
 			}
@@ -433,20 +433,12 @@ func ledgerEnd(ctx context.Context) error {
 	return err
 }
 
-// leaderOnly fails with a not-leader error naming the leader on a follower.
-func (a *API) leaderOnly(ctx context.Context) error {
-	cs, err := a.backend.Cluster(ctx, false)
-	if err != nil {
-		return err
-	}
-	if cs.LeaderID != "" && cs.LeaderID == cs.NodeID {
+// leaderOnly fails with a not-leader error naming the leader on a follower. It
+// asks no other member: the ledger checks it every leaderCheck per router.
+func (a *API) leaderOnly() error {
+	id, addr, self := a.backend.Leader()
+	if self {
 		return nil
 	}
-	nl := &NotLeaderError{LeaderID: cs.LeaderID}
-	for _, m := range cs.Members {
-		if m.ID == cs.LeaderID {
-			nl.LeaderAddr = m.GRPCAddr
-		}
-	}
-	return nl
+	return &NotLeaderError{LeaderID: id, LeaderAddr: addr}
 }

@@ -237,6 +237,19 @@ func (b *raftBackend) Snapshot(ctx context.Context) (SnapshotInfo, error) {
 // member's applied index as the member itself reports it (0 for members that
 // do not answer within progressTimeout). A member asking another answers from
 // its own state only.
+func (b *raftBackend) Leader() (id, grpcAddr string, self bool) {
+	st, err := b.node.Cluster() // this node's view only
+	if err != nil || st.LeaderID == "" {
+		return "", "", false
+	}
+	for _, m := range st.Members {
+		if m.ID == st.LeaderID {
+			grpcAddr = m.GRPCAddr
+		}
+	}
+	return st.LeaderID, grpcAddr, st.LeaderID == st.NodeID
+}
+
 func (b *raftBackend) Cluster(ctx context.Context, withDigest bool) (ClusterStatus, error) {
 	st, err := b.node.Cluster()
 	if err != nil {
