@@ -162,6 +162,9 @@ func (r *run) natsLoop(s *natsSub) {
 			continue
 		}
 		seq, err := strconv.ParseUint(header(msg.Header, HeaderSeq), 10, 64)
+		if err == nil && seq == wire.EndOfReplaySeq {
+			err = errors.New("the replay end marker's seq") // as wire.ParseFrame refuses it
+		}
 		if err != nil {
 			m.metrics.decodeErrors.WithLabelValues("nats", "bad_seq").Inc()
 			m.badLog.Warn("nats/bad_seq", "dropping message without a valid "+HeaderSeq+" header", "subject", msg.Subject)

@@ -11,7 +11,8 @@
 //
 //   - A live message is [topic, seq uint64 big-endian, payload] (ParseFrame). The
 //     topic is what the engine was configured with, possibly empty; llm-d publishes
-//     "kv@<pod>@<model>" (ParseTopic).
+//     "kv@<pod>@<model>" (ParseTopic). The seq 2^64-1 is the replay end marker's
+//     and is refused in a live message.
 //   - The payload is an EventBatch: an array [ts, events, dp_rank|nil, ...] (vLLM up
 //     to 0.2x and SGLang: array_like=True; old ones send only [ts, events]; SGLang
 //     calls the rank attn_dp_rank) or a map {"ts", "events", "data_parallel_rank" or

@@ -29,8 +29,10 @@ type Frame struct {
 
 // ParseFrame parses a live PUB/SUB message [topic, seq (8 bytes big-endian), payload].
 // vLLM and SGLang always send all three parts (the topic may be empty), so a
-// two-part [seq, payload] message is rejected rather than guessed at. Payload
-// aliases parts[2].
+// two-part [seq, payload] message is rejected rather than guessed at. A seq of
+// EndOfReplaySeq is rejected too: no engine reaches it (it is -1 to Python's
+// signed encoding), and a stream taking it would have no seq left after it.
+// Payload aliases parts[2].
 func ParseFrame(parts [][]byte) (Frame, error) {
 	if len(parts) != 3 {
 		return Frame{}, fmt.Errorf("%w: %d parts, want [topic, seq, payload]", ErrBadFrame, len(parts))
@@ -38,6 +40,9 @@ func ParseFrame(parts [][]byte) (Frame, error) {
 	seq, err := parseSeq(parts[1])
 	if err != nil {
 		return Frame{}, err
+	}
+	if seq == EndOfReplaySeq {
+		return Frame{}, fmt.Errorf("%w: a live frame with the replay end marker's seq %d", ErrBadFrame, seq)
 	}
 	return Frame{Topic: string(parts[0]), Seq: seq, Payload: parts[2]}, nil
 }

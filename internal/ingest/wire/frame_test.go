@@ -23,6 +23,7 @@ func TestParseFrame(t *testing.T) {
 			want: Frame{Topic: "kv@p@m", Seq: 42, Payload: payload}},
 		{name: "empty topic", parts: [][]byte{{}, be(0), payload}, want: Frame{Seq: 0, Payload: payload}},
 		{name: "largest seq", parts: [][]byte{{}, be(1<<64 - 2), payload}, want: Frame{Seq: 1<<64 - 2, Payload: payload}},
+		{name: "end marker's seq", parts: [][]byte{{}, endMarker, payload}, wantErr: "end marker's seq"},
 		{name: "two parts", parts: [][]byte{be(1), payload}, wantErr: "2 parts"},
 		{name: "four parts", parts: [][]byte{{}, {}, be(1), payload}, wantErr: "4 parts"},
 		{name: "short seq", parts: [][]byte{{}, {0, 1}, payload}, wantErr: "sequence number has 2 bytes"},
@@ -116,4 +117,30 @@ func TestParseTopic(t *testing.T) {
 			t.Errorf("FormatTopic(%q, %q) = %q, want %q", worker, model, back, c.topic)
 		}
 	}
+}
+
+// FuzzParseFrame checks that no message panics ParseFrame, that every error is
+// ErrBadFrame, and that a parsed frame never carries the end marker's seq (a
+// stream that took it would have no seq left after it).
+func FuzzParseFrame(f *testing.F) {
+	payload := []byte{0x92, 0x00, 0x90}
+	f.Add([]byte("kv@p@m"), be(42), payload)
+	f.Add([]byte{}, endMarker, payload)
+	f.Add([]byte{}, be(1<<64-2), payload)
+	f.Add([]byte{}, []byte{1, 2}, payload)
+	f.Fuzz(func(t *testing.T, topic, seq, payload []byte) {
+		got, err := ParseFrame([][]byte{topic, seq, payload})
+		if err != nil {
+			if !errors.Is(err, ErrBadFrame) {
+				t.Fatalf("error %v is not ErrBadFrame", err)
+			}
+			return
+		}
+		if got.Seq == EndOfReplaySeq {
+			t.Fatalf("ParseFrame took the end marker's seq in a live frame")
+		}
+		if got.Topic != string(topic) || !bytes.Equal(got.Payload, payload) {
+			t.Fatalf("got %+v from topic %q payload %x", got, topic, payload)
+		}
+	})
 }
