@@ -3,8 +3,10 @@ package ingest
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // TestDiscoveryFloodStopsAtTheLimit floods the bind socket with batches of
@@ -130,5 +132,76 @@ func TestNATSDiscoveryIsBounded(t *testing.T) {
 	}
 	if discovered != 1 {
 		t.Errorf("%d workers discovered on NATS, want 1 (the limit)", discovered)
+	}
+}
+
+// The dp rank of a bind-mode (or NATS) batch comes from the publisher, and
+// every rank is a stream (a goroutine, a queue, an index holder on every
+// replica): a discovered worker has at most MaxDiscoveredDPRanks of them, a
+// registered one its dp-size. Batches of other ranks are counted and dropped;
+// those of the allowed ranks are applied.
+func TestDPRanksAreBoundedPerWorker(t *testing.T) {
+	const limit = 4
+	cfg := testManagerConfig()
+	cfg.ZMQBind = "tcp://127.0.0.1:*"
+	cfg.MaxDiscoveredDPRanks = limit
+	p := startPipeline(t, cfg)
+	if err := p.mgr.AddWorker(workerspec.Spec{ID: "registered", Model: "m", DPSize: 2}); err != nil {
+		t.Fatal(err)
+	}
+	pub := newRawPub(t, newTestZMQContext(t))
+	if err := pub.sock.Connect(p.mgr.BindEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	send := func(worker string, rank uint32) {
+		payload, err := fakeengine.EncodeBatch(fakeengine.Batch{TS: 1, DPRank: rank, Events: []fakeengine.Event{{
+			Kind: fakeengine.BlockStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 4, Medium: fakeengine.MediumGPU,
+		}}}, fakeengine.WireMap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub.send([]byte("kv@"+worker+"@m"), seqPart(0), payload)
+	}
+	waitFor(t, "the publisher's subscription", func() bool {
+		send("discovered", 0)
+		time.Sleep(20 * time.Millisecond)
+		_, ok := p.applier.Cursor(Stream{Worker: "discovered"})
+		return ok
+	})
+	const ranks = 40
+	for rank := uint32(1); rank < ranks; rank++ {
+		send("discovered", rank)
+	}
+	for rank := uint32(0); rank < ranks; rank++ {
+		send("registered", rank)
+	}
+	refused := func(reason string) float64 {
+		return p.counter("kvindex_ingest_decode_errors_total", map[string]string{"source": "bind", "reason": reason})
+	}
+	waitFor(t, "every batch applied or refused", func() bool {
+		return refused("rank_limit") >= ranks-limit && refused("dp_size") >= ranks-2 &&
+			p.counter("kvindex_ingest_batches_total", map[string]string{"result": "applied"}) >= limit+2
+	})
+	for _, c := range []struct {
+		worker  string
+		reason  string
+		allowed uint32
+	}{{"discovered", "rank_limit", limit}, {"registered", "dp_size", 2}} {
+		if got := refused(c.reason); got != float64(ranks-c.allowed) {
+			t.Errorf("%s: %s refusals = %v, want %d", c.worker, c.reason, got, ranks-c.allowed)
+		}
+		for _, w := range p.mgr.Workers() {
+			if w.Spec.ID == c.worker && len(w.Streams) != int(c.allowed) {
+				t.Errorf("%s runs %d streams, want %d", c.worker, len(w.Streams), c.allowed)
+			}
+		}
+		for rank := range c.allowed {
+			if _, ok := p.applier.Cursor(Stream{Worker: c.worker, DPRank: rank}); !ok {
+				t.Errorf("%s: the batch of rank %d was not applied", c.worker, rank)
+			}
+		}
+	}
+	if got := p.index.Stats().Workers; got != limit+2 {
+		t.Errorf("the index holds %d streams, want %d", got, limit+2)
 	}
 }

@@ -40,7 +40,13 @@
 //		// for each reply until the end marker or a timeout:
 //		//     if a := tr.Replayed(reply.Seq); a.Applies() { submit it, Reset: a.Clears() }
 //		// then: if a := tr.FinishReplay(); a.Applies() { submit the held batch, Reset: a.Clears() }
-//	} // ActionDuplicate: drop it
+//	} // ActionDuplicate: drop it; ActionRefuse: drop it as bad input (count it)
+//
+// A restart is no gap: a restarted engine whose first live batch we get is seq
+// n > 0 is asked for 0..n-1 (Decision.Restart). A stream runner that gets a live
+// batch at or below its cursor stamped later than every batch it applied knows
+// the engine restarted even when the seqs cannot tell (ObserveRestart). A seq
+// more than MaxSeqJump past the cursor is refused, never a reset.
 //
 // A stream whose worker was declared dead is fenced by the index (Cursor.Fence,
 // Applier.FenceWorker): its blocks are gone and the Applier takes only a batch
@@ -66,7 +72,9 @@
 //     topic (vLLM --kv-events-config '{"topic": "kv@$POD_NAME@$MODEL"}'); a
 //     worker seen for the first time is registered as "discovered" with that
 //     model and the replay endpoint of BindReplayPattern ("{pod}" replaced).
-//     The dp rank is the batch's data_parallel_rank. A frame may reach Run by
+//     The dp rank is the batch's data_parallel_rank; a declared worker's ranks
+//     are bounded by its dp-size, a discovered one's by MaxDiscoveredDPRanks
+//     (NATS likewise). A frame may reach Run by
 //     two ways; a live batch at or below the stream's cursor stamped no later
 //     than the last applied one is a late copy (a duplicate), not a restart.
 //   - NATS: one subscription to <prefix>.*.*; see nats.go for the subject and
@@ -79,7 +87,10 @@
 // stream with a replay endpoint also replays when it starts (from its cursor, or
 // the whole buffer for a stream the index does not know) and when it has been
 // idle for IdleReplayInterval: engines send no heartbeat, so a lost last batch
-// would otherwise stay unseen.
+// would otherwise stay unseen. When a worker's spec changes its stream
+// goroutines restart, and each new one takes over the stopped one's Tracker
+// (streamRunner.inherit) rather than the index's cursor, which lags what was
+// submitted (docs/design.md, Spec changes).
 //
 // The hand-off (batch.go) is what Raft goes between: a Sink receives ordered
 // StreamBatches (LocalSink applies them through a bounded queue; a replicated sink

@@ -3,7 +3,9 @@ package ingest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
@@ -208,4 +210,95 @@ func testEngineRestart(t *testing.T, firstSeq int64) {
 		t.Fatal("the engine cached nothing before its restart")
 	}
 	assertIndexEqualsTruth(t, p.index, engines...)
+}
+
+// An engine restarts and the first live batch we get of its new stream is seq
+// 5 (0..4 lost while the SUB socket reconnected): the old stream's blocks go,
+// the new stream's start is replayed, and it is no gap. Also when a replay
+// took the stream's cursor past the live batches seen (an idle catch-up
+// brought 2..9 the live socket lost): seq 5 then lies between the last live
+// seq and the cursor, but it is stamped later than every batch applied, which
+// no copy of an applied batch is, so it is the restart, not a duplicate.
+func TestEngineRestartSeenLateClearsTheOldStreamWithoutAGap(t *testing.T) {
+	for _, caughtUp := range []bool{false, true} {
+		t.Run(fmt.Sprintf("old_stream_caught_up_by_replay_%v", caughtUp), func(t *testing.T) { testRestartSeenLate(t, caughtUp) })
+	}
+}
+
+func testRestartSeenLate(t *testing.T, caughtUp bool) {
+	e := newHandEngine(t)
+	cfg := testManagerConfig()
+	cfg.IdleReplayInterval = 100 * time.Millisecond
+	p := startPipeline(t, cfg)
+	const w = "w"
+	s := Stream{Worker: w}
+	old, fresh := map[uint64][]byte{}, map[uint64][]byte{}
+	for seq := uint64(0); seq <= 12; seq++ {
+		old[seq] = oneBlock(t, float64(1000+seq), 100+seq)
+		fresh[seq] = oneBlock(t, float64(2000+seq), 200+seq)
+	}
+	e.setBuffer(map[uint64][]byte{0: old[0]})
+	if err := p.mgr.AddWorker(e.spec(w)); err != nil {
+		t.Fatal(err)
+	}
+	e.publishUntil(t, "live seq 1 applied", 1, old[1], func() bool { c, _ := p.applier.Cursor(s); return c.Seq == 1 })
+	buffer := map[uint64][]byte{}
+	for seq := uint64(0); seq <= 9; seq++ {
+		buffer[seq] = old[seq]
+	}
+	e.setBuffer(buffer)
+	if !caughtUp {
+		for seq := uint64(2); seq <= 9; seq++ {
+			e.publish(seq, old[seq])
+		}
+	} // else 2..9 are lost live; the idle catch-up brings them
+	waitFor(t, "the old stream applied to 9", func() bool { c, _ := p.applier.Cursor(s); return c.Seq == 9 })
+
+	// The engine restarts; its first five batches are lost to the reconnect.
+	// Its buffer holds no more than it published until seq 5 is handled: an
+	// idle catch-up would otherwise take its seqs past the old cursor for the
+	// old stream's continuation.
+	buffer = map[uint64][]byte{}
+	for seq := uint64(0); seq <= 5; seq++ {
+		buffer[seq] = fresh[seq]
+	}
+	e.setBuffer(buffer)
+	duplicates := func() float64 {
+		return p.counter("kvindex_ingest_batches_total", map[string]string{"worker": w, "result": "duplicate"})
+	}
+	dups := duplicates()
+	e.publish(5, fresh[5])
+	waitFor(t, "seq 5 handled", func() bool { seq, _ := p.handedOff(w); return seq == 5 || duplicates() > dups })
+	e.setBuffer(fresh)
+	for seq := uint64(6); seq <= 12; seq++ {
+		e.publish(seq, fresh[seq])
+	}
+	waitFor(t, "seq 12 of the new stream handed off", func() bool { seq, ok := p.handedOff(w); return ok && seq == 12 })
+	p.flush()
+	p.stopRun()
+
+	if c, _ := p.applier.Cursor(s); c != (Cursor{Seq: 12, Epoch: 1}) {
+		t.Errorf("index cursor = %+v, want seq 12 in epoch 1 (one clear, the restart's)", c)
+	}
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"kvindex_ingest_resets_total", map[string]string{"worker": w, "reason": "restart"}, 1},
+		{"kvindex_ingest_resets_total", map[string]string{"worker": w}, 1},
+		{"kvindex_ingest_gaps_total", map[string]string{"worker": w}, 0},
+		{"kvindex_ingest_replays_total", map[string]string{"worker": w, "reason": "gap"}, 0},
+		{"kvindex_ingest_replays_total", map[string]string{"worker": w, "reason": "restart", "result": "ok"}, 1},
+	} {
+		if got := p.counter(c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if stale := holding(p.index, s, hashRange(100, 112)...); len(stale) != 0 {
+		t.Errorf("blocks %v of the engine's old stream survive its restart", stale)
+	}
+	if held := holding(p.index, s, hashRange(200, 212)...); !slices.Equal(held, hashRange(200, 212)) {
+		t.Errorf("the index holds %v of the new stream's blocks 200..212", held)
+	}
 }

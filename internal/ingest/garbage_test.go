@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -198,5 +199,55 @@ func TestFrameBeyondHardLimitOnlyCostsItsConnection(t *testing.T) {
 	})
 	if got := p.counter("kvindex_ingest_decode_errors_total", map[string]string{"reason": "oversize"}); got != 0 {
 		t.Errorf("oversize = %v: libzmq should have refused the frame before us", got)
+	}
+}
+
+// One live frame with a seq no engine sends next, the replay end marker's
+// 2^64-1 or one far beyond the cursor (a publisher bug, a stray sender on the
+// socket), is bad input: counted and dropped. The stream must not reset to it,
+// or every later batch of the engine would look old and be dropped.
+func TestImplausibleSeqIsDroppedAndTheStreamGoesOn(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		seq     uint64
+		counter string
+		labels  map[string]string
+	}{
+		{"end marker's seq", ^uint64(0), "kvindex_ingest_decode_errors_total", map[string]string{"source": "zmq", "reason": "bad_frame"}},
+		{"2^33 past the cursor", 3 + 1<<33, "kvindex_ingest_batches_total", map[string]string{"worker": "w", "result": "bad_seq"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newHandEngine(t)
+			p := startPipeline(t, testManagerConfig())
+			s := Stream{Worker: "w"}
+			batch := map[uint64][]byte{}
+			for seq := uint64(0); seq <= 6; seq++ {
+				batch[seq] = oneBlock(t, float64(1000+seq), 100+seq)
+			}
+			e.setBuffer(map[uint64][]byte{0: batch[0], 1: batch[1], 2: batch[2], 3: batch[3]})
+			if err := p.mgr.AddWorker(e.spec("w")); err != nil {
+				t.Fatal(err)
+			}
+			e.publishUntil(t, "seq 3 applied", 3, batch[3], func() bool { cur, _ := p.applier.Cursor(s); return cur.Seq == 3 })
+			e.publish(c.seq, oneBlock(t, 1003.5, 999))
+			e.setBuffer(batch)
+			for seq := uint64(4); seq <= 6; seq++ {
+				e.publish(seq, batch[seq])
+			}
+			waitFor(t, "seq 6 handed off", func() bool { seq, ok := p.handedOff("w"); return ok && seq == 6 })
+			p.flush()
+			if got := p.counter(c.counter, c.labels); got != 1 {
+				t.Errorf("%s%v = %v, want 1 (the bogus frame)", c.counter, c.labels, got)
+			}
+			if got := p.counter("kvindex_ingest_resets_total", nil); got != 0 {
+				t.Errorf("resets = %v, want 0: one bogus frame must not clear the worker", got)
+			}
+			if cur, _ := p.applier.Cursor(s); cur != (Cursor{Seq: 6}) {
+				t.Errorf("index cursor = %+v, want seq 6 in epoch 0", cur)
+			}
+			if held := holding(p.index, s, append(hashRange(100, 106), 999)...); !slices.Equal(held, hashRange(100, 106)) {
+				t.Errorf("the index holds blocks %v, want 100..106 (the engine's) and not 999 (the bogus frame's)", held)
+			}
+		})
 	}
 }

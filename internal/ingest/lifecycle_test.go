@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -201,4 +202,102 @@ func hasWorker(m *Manager, id string) bool {
 		}
 	}
 	return false
+}
+
+// A worker's streams restart when its spec changes (a registry update, kube
+// discovery replacing a spec, /register of a dp rank). What the old streams
+// handed to the sink may not be applied yet; the new streams must continue
+// from where the old ones stood, not from the index's lagging cursor. Here
+// the old stream's gap reset (a new epoch) still waits in the sink's queue
+// when the spec changes: the stream must go on in that epoch, or the index
+// drops every later batch of the worker.
+func TestSpecChangeWithAResetInFlightKeepsFollowingTheEngine(t *testing.T) {
+	e := newHandEngine(t)
+	p, gate := startGatedPipeline(t, testManagerConfig())
+	const w = "w"
+	s := Stream{Worker: w}
+	spec := e.spec(w)
+	batch := map[uint64][]byte{}
+	for seq := uint64(0); seq <= 8; seq++ {
+		batch[seq] = oneBlock(t, float64(1000+seq), 100+seq)
+	}
+
+	e.setMute(true) // the replay socket hangs: gaps reset the worker
+	if err := p.mgr.AddWorker(spec); err != nil {
+		t.Fatal(err)
+	}
+	e.publishUntil(t, "seq 0 applied", 0, batch[0], func() bool { _, ok := p.applier.Cursor(s); return ok })
+	e.publish(1, batch[1])
+	e.publish(2, batch[2])
+	waitFor(t, "seq 2 applied", func() bool { c, _ := p.applier.Cursor(s); return c.Seq == 2 })
+
+	// 3 and 4 are lost; no replay: seq 5 resets the worker in epoch 1, and
+	// that batch waits in the sink's queue.
+	gate.close()
+	e.publish(5, batch[5])
+	if b := gate.next(t); !b.Reset || b.Seq != 5 || b.Epoch != 1 {
+		t.Fatalf("batch held at the applier: seq %d epoch %d reset %v, want the gap's reset at seq 5, epoch 1", b.Seq, b.Epoch, b.Reset)
+	}
+	e.setBuffer(map[uint64][]byte{0: batch[0], 1: batch[1], 2: batch[2], 3: batch[3], 4: batch[4], 5: batch[5]})
+	e.setMute(false)
+	catchUps := func() float64 {
+		return p.counter("kvindex_ingest_replays_total", map[string]string{"worker": w, "reason": "catch_up"})
+	}
+	before := catchUps()
+	changed := spec
+	changed.Labels = map[string]string{"zone": "b"}
+	if err := p.mgr.AddWorker(changed); err != nil {
+		t.Fatal(err)
+	}
+	// The new stream has taken its position and caught up before the reset applies.
+	waitFor(t, "the new stream's catch-up", func() bool { return catchUps() > before })
+	gate.open()
+
+	// The engine goes on; the new stream may miss live batches while it
+	// subscribes, which the replay buffer has.
+	e.setBuffer(batch)
+	e.publishUntil(t, "seq 8 handed off", 8, batch[8], func() bool { seq, ok := p.handedOff(w); return ok && seq == 8 })
+	p.flush()
+	if c, _ := p.applier.Cursor(s); c.Seq != 8 || c.Epoch != 1 {
+		t.Errorf("index cursor = seq %d epoch %d, want seq 8 epoch 1: the index dropped the batches after the spec change", c.Seq, c.Epoch)
+	}
+	if missing := len(hashRange(105, 108)) - len(holding(p.index, s, hashRange(105, 108)...)); missing != 0 {
+		t.Errorf("%d of the blocks of seqs 5..8 are missing from the index", missing)
+	}
+}
+
+// The old stream's first batches are still queued when the spec changes: the
+// index has no cursor for the stream yet. A batch lost meanwhile (here a
+// BlockRemoved) must still be seen missing: without a replay endpoint the
+// worker's blocks are dropped, never kept stale.
+func TestSpecChangeBeforeTheFirstBatchIsAppliedStillSeesAGap(t *testing.T) {
+	e := newHandEngine(t)
+	p, gate := startGatedPipeline(t, testManagerConfig())
+	const w = "w"
+	s := Stream{Worker: w}
+	spec := e.spec(w)
+	spec.Replay = ""
+	gate.close()
+	if err := p.mgr.AddWorker(spec); err != nil {
+		t.Fatal(err)
+	}
+	e.publishUntil(t, "seq 0 handed off", 0, oneBlock(t, 1000, 100), func() bool { _, ok := p.handedOff(w); return ok })
+	changed := spec
+	changed.Labels = map[string]string{"zone": "b"}
+	if err := p.mgr.AddWorker(changed); err != nil {
+		t.Fatal(err)
+	}
+	// Seq 1, which removed the block of seq 0, is lost; seq 2 comes.
+	e.publishUntil(t, "seq 2 handed off", 2, oneBlock(t, 1002, 102), func() bool { seq, ok := p.handedOff(w); return ok && seq == 2 })
+	gate.open()
+	p.flush()
+	if got := p.counter("kvindex_ingest_resets_total", map[string]string{"worker": w, "reason": "gap"}); got != 1 {
+		t.Errorf("gap resets = %v, want 1 (seq 1 never came)", got)
+	}
+	if c, _ := p.applier.Cursor(s); c.Seq != 2 || c.Epoch != 1 {
+		t.Errorf("index cursor = seq %d epoch %d, want seq 2 in epoch 1", c.Seq, c.Epoch)
+	}
+	if held := holding(p.index, s, 100, 102); !slices.Equal(held, []uint64{102}) {
+		t.Errorf("the index holds blocks %v, want only 102: the block seq 1 removed must not survive", held)
+	}
 }

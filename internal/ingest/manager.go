@@ -115,6 +115,13 @@ type ManagerConfig struct {
 	// costs memory, goroutines and a registry entry on every replica, and
 	// anyone who can publish on the socket or subject can invent names.
 	MaxDiscoveredWorkers int
+	// MaxDiscoveredDPRanks bounds the dp ranks of a discovered worker, whose
+	// ranks come from its batches: a batch of rank MaxDiscoveredDPRanks or
+	// above is refused (counted: decode_errors reason rank_limit). A declared
+	// worker (flag, file, registry) is held to its dp-size the same way
+	// (reason dp_size). Every rank is a stream: a goroutine, a decoder, a
+	// 256-batch queue and an index holder on every replica.
+	MaxDiscoveredDPRanks int
 	// DiscoverAllow, when not empty, lists the worker ids discovery accepts, as
 	// path.Match patterns (pod-*, vllm-?); others are refused (reason
 	// not_allowed).
@@ -141,6 +148,10 @@ const DefaultMaxFrameBytes = wire.DefaultMaxPayload
 // DefaultMaxDiscoveredWorkers is the default MaxDiscoveredWorkers.
 const DefaultMaxDiscoveredWorkers = 1024
 
+// DefaultMaxDiscoveredDPRanks is the default MaxDiscoveredDPRanks: above the
+// data-parallel sizes one engine deployment publishes under one pod name.
+const DefaultMaxDiscoveredDPRanks = 64
+
 // DefaultManagerConfig returns the defaults.
 func DefaultManagerConfig() ManagerConfig {
 	return ManagerConfig{
@@ -155,6 +166,7 @@ func DefaultManagerConfig() ManagerConfig {
 		BadInputLogInterval:  10 * time.Second,
 		PollInterval:         50 * time.Millisecond,
 		MaxDiscoveredWorkers: DefaultMaxDiscoveredWorkers,
+		MaxDiscoveredDPRanks: DefaultMaxDiscoveredDPRanks,
 		ReplayAllow:          []string{"tcp://*"},
 	}
 }
@@ -190,6 +202,8 @@ func (c ManagerConfig) Validate() error {
 		return invalidConfig("poll interval %v must be positive", c.PollInterval)
 	case c.MaxDiscoveredWorkers < 0:
 		return invalidConfig("--max-discovered-workers=%d must not be negative", c.MaxDiscoveredWorkers)
+	case c.MaxDiscoveredDPRanks < 1 || c.MaxDiscoveredDPRanks > workerspec.MaxDPSize:
+		return invalidConfig("--max-discovered-dp-ranks=%d must be between 1 and %d", c.MaxDiscoveredDPRanks, workerspec.MaxDPSize)
 	}
 	for _, l := range []struct {
 		flag     string
@@ -376,8 +390,9 @@ func (m *Manager) putWorker(spec workerspec.Spec, source WorkerSource) error {
 	}
 	m.log.Info("worker registered", "worker", spec.ID, "source", source, "spec", spec.String())
 	if r != nil {
-		r.stopWorker(spec.ID)
-		r.startWorker(spec)
+		// The new streams continue from the stopped ones' positions, not from
+		// the index's cursors, which lag them (see streamRunner.inherit).
+		r.startWorker(spec, source, r.stopWorker(spec.ID))
 	}
 	return nil
 }
@@ -602,9 +617,28 @@ type workerRun struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	source WorkerSource
+	// ranks bounds the dp ranks that bind mode and NATS may start streams for
+	// (see rankLimit).
+	ranks uint32
 
 	mu      sync.Mutex
 	streams map[uint32]*streamRunner // guarded by mu
+	// prev holds where the streams of the worker's previous spec stopped, by
+	// dp rank, until the rank's new runner inherits it.
+	prev map[uint32]streamPosition // guarded by mu
+}
+
+// rankLimit is the number of dp ranks a worker of source may have streams for:
+// a declared worker's dp-size, and MaxDiscoveredDPRanks for a discovered one,
+// whose ranks come from its batches. Anyone who can publish can name ranks,
+// and every stream costs a goroutine, a queue and an index holder on every
+// replica.
+func (m *Manager) rankLimit(spec workerspec.Spec, source WorkerSource) uint32 {
+	if source == SourceDiscover {
+		return uint32(m.cfg.MaxDiscoveredDPRanks)
+	}
+	return spec.Ranks()
 }
 
 // start opens the shared sockets and starts every registered worker; callers hold
@@ -623,17 +657,17 @@ func (r *run) start() error {
 		r.goRun(func() { r.natsLoop(sub) })
 	}
 	m.mu.Lock()
-	specs := make([]workerspec.Spec, 0, len(m.workers))
+	entries := make([]workerEntry, 0, len(m.workers))
 	for _, e := range m.workers {
-		specs = append(specs, e.spec)
+		entries = append(entries, *e)
 	}
 	m.mu.Unlock()
-	for _, spec := range specs {
+	for _, e := range entries {
 		r.mu.Lock()
-		_, running := r.workers[spec.ID] // started by the workers file reload above
+		_, running := r.workers[e.spec.ID] // started by the workers file reload above
 		r.mu.Unlock()
 		if !running {
-			r.startWorker(spec)
+			r.startWorker(e.spec, e.source, nil)
 		}
 	}
 	return nil
@@ -655,10 +689,12 @@ func (r *run) fail(err error) {
 
 // startWorker starts a worker's goroutines: in connect mode one socket and one
 // stream goroutine per dp rank; otherwise streams start as their batches arrive.
-// Callers hold change.
-func (r *run) startWorker(spec workerspec.Spec) *workerRun {
+// prev is where the streams of its previous spec stopped, which its streams
+// take over (stopWorker). Callers hold change.
+func (r *run) startWorker(spec workerspec.Spec, source WorkerSource, prev map[uint32]streamPosition) *workerRun {
 	ctx, cancel := context.WithCancel(r.ctx)
-	wr := &workerRun{spec: spec, ctx: ctx, cancel: cancel, streams: map[uint32]*streamRunner{}}
+	wr := &workerRun{spec: spec, ctx: ctx, cancel: cancel, source: source, ranks: r.m.rankLimit(spec, source),
+		streams: map[uint32]*streamRunner{}, prev: prev}
 	r.mu.Lock()
 	r.workers[spec.ID] = wr
 	r.mu.Unlock()
@@ -710,6 +746,10 @@ func (r *run) stream(wr *workerRun, rank uint32) *streamRunner {
 		r.m.badLog.Warn("stream/"+wr.spec.ID, "cannot follow stream", "worker", wr.spec.ID, "dp_rank", rank, "err", err)
 		return nil
 	}
+	if pos, ok := wr.prev[rank]; ok {
+		sr.inherit(pos)
+		delete(wr.prev, rank)
+	}
 	wr.streams[rank] = sr
 	r.goWorker(wr, func() {
 		if err := sr.run(wr.ctx); err != nil {
@@ -719,14 +759,17 @@ func (r *run) stream(wr *workerRun, rank uint32) *streamRunner {
 	return sr
 }
 
-// stopWorker stops a worker's goroutines and waits for them; callers hold change.
-func (r *run) stopWorker(id string) {
+// stopWorker stops a worker's goroutines, waits for them and returns where
+// its streams stopped, by dp rank (with what its previous spec left that no
+// stream inherited), for the streams of a new spec to take over; callers hold
+// change.
+func (r *run) stopWorker(id string) map[uint32]streamPosition {
 	r.mu.Lock()
 	wr := r.workers[id]
 	delete(r.workers, id)
 	r.mu.Unlock()
 	if wr == nil {
-		return
+		return nil
 	}
 	// Cancelled under mu, so stream() cannot start a goroutine (wg.Add) once
 	// Wait may have begun.
@@ -734,6 +777,16 @@ func (r *run) stopWorker(id string) {
 	wr.cancel()
 	wr.mu.Unlock()
 	wr.wg.Wait()
+	wr.mu.Lock()
+	defer wr.mu.Unlock()
+	stopped := wr.prev
+	if stopped == nil {
+		stopped = map[uint32]streamPosition{}
+	}
+	for rank, sr := range wr.streams {
+		stopped[rank] = sr.position() // its goroutine has ended (wg.Wait)
+	}
+	return stopped
 }
 
 func (r *run) streamStatus(id string) []StreamStatus {
@@ -839,9 +892,18 @@ func (d *dispatcher) resolve(key Stream, model string) *streamRunner {
 			r.m.mu.Unlock()
 			r.m.updateWorkerGauge()
 			r.m.log.Info("worker discovered", "worker", key.Worker, "model", model, "via", d.source)
-			wr = r.startWorker(entry.spec)
+			wr = r.startWorker(entry.spec, entry.source, nil)
 		}
 		r.m.unlockChange()
+	}
+	if key.DPRank >= wr.ranks {
+		reason, why := "dp_size", "dropping batch of a dp rank beyond the worker's dp-size (register it with its dp-size)"
+		if wr.source == SourceDiscover {
+			reason, why = "rank_limit", "dropping batch of a discovered worker's dp rank beyond --max-discovered-dp-ranks"
+		}
+		r.m.metrics.decodeErrors.WithLabelValues(d.source, reason).Inc()
+		r.m.badLog.Warn(d.source+"/"+reason, why, "worker", key.Worker, "dp_rank", key.DPRank, "ranks", wr.ranks)
+		return nil
 	}
 	return r.stream(wr, key.DPRank)
 }

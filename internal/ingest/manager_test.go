@@ -27,6 +27,8 @@ func TestManagerConfigValidate(t *testing.T) {
 		{"replay timeout", func(c *ManagerConfig) { c.ReplayTimeout = 0 }, "--replay-timeout"},
 		{"idle replay", func(c *ManagerConfig) { c.IdleReplayInterval = -1 }, "--idle-replay-interval"},
 		{"bind", func(c *ManagerConfig) { c.ZMQBind = "5557" }, "--zmq-bind=\"5557\""},
+		{"no dp rank for discovered workers", func(c *ManagerConfig) { c.MaxDiscoveredDPRanks = 0 }, "--max-discovered-dp-ranks=0 must be between 1 and 1024"},
+		{"more dp ranks than a worker can have", func(c *ManagerConfig) { c.MaxDiscoveredDPRanks = 1025 }, "--max-discovered-dp-ranks=1025"},
 		{"replay pattern without pod", func(c *ManagerConfig) { c.BindReplayPattern = "tcp://engine:5558" }, "--bind-replay-pattern=\"tcp://engine:5558\" must be a tcp:// endpoint with {pod}"},
 		{"replay pattern not tcp", func(c *ManagerConfig) { c.BindReplayPattern = "ipc:///{pod}" }, "--bind-replay-pattern=\"ipc:///{pod}\" must be a tcp://"},
 		{"replay pattern without port", func(c *ManagerConfig) { c.BindReplayPattern = "tcp://{pod}.svc" }, "--bind-replay-pattern=\"tcp://{pod}.svc\" is no endpoint"},

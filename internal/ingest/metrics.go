@@ -17,7 +17,7 @@ import (
 //
 //	kvindex_ingest_events_total{worker,type}              decoded events applied, type = BlockStored|BlockRemoved|AllBlocksCleared
 //	kvindex_ingest_block_events_total{worker,type}        blocks in those events (one per block hash)
-//	kvindex_ingest_batches_total{worker,result}           batches by fate: applied|duplicate|undecodable
+//	kvindex_ingest_batches_total{worker,result}           batches by fate: applied|duplicate|undecodable|bad_seq (a seq no engine sends next: dropped)
 //	kvindex_ingest_decode_errors_total{source,reason}     bad input dropped: source = zmq|bind|forwarded|nats|replay
 //	kvindex_ingest_bind_frames_total{route}               bind socket frames: ingested (Run runs here), forwarded (to the Forwarder), dropped (neither)
 //	kvindex_ingest_skipped_total{what}                    unknown events, fields and media skipped inside good batches
@@ -62,7 +62,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		events:          counter("kvindex_ingest_events_total", "KV events handed to the index, by worker and event type.", "worker", "type"),
 		blockEvents:     counter("kvindex_ingest_block_events_total", "Blocks in the KV events handed to the index (one per block hash), by worker and event type.", "worker", "type"),
-		batches:         counter("kvindex_ingest_batches_total", "Event batches by fate: applied, duplicate (already applied) or undecodable.", "worker", "result"),
+		batches:         counter("kvindex_ingest_batches_total", "Event batches by fate: applied, duplicate (already applied), undecodable or bad_seq (a seq no engine sends next, dropped).", "worker", "result"),
 		decodeErrors:    counter("kvindex_ingest_decode_errors_total", "Frames and payloads dropped as bad input, by transport and reason.", "source", "reason"),
 		bindFrames:      counter("kvindex_ingest_bind_frames_total", "Frames received on the --zmq-bind socket by route: ingested here (this member leads), forwarded (to the leader), dropped (neither).", "route"),
 		skipped:         counter("kvindex_ingest_skipped_total", "Unknown event tags, fields and media skipped inside otherwise valid batches.", "what"),
@@ -115,6 +115,7 @@ type streamMetrics struct {
 	stored, removed, cleared        prometheus.Counter
 	storedBlocks, removedBlocks     prometheus.Counter
 	applied, duplicate, undecodable prometheus.Counter
+	badSeq                          prometheus.Counter
 	gaps                            prometheus.Counter
 	lag, lastSeq                    prometheus.Gauge
 	m                               *metrics
@@ -132,6 +133,7 @@ func (m *metrics) forStream(s Stream) *streamMetrics {
 		applied:       m.batches.WithLabelValues(w, "applied"),
 		duplicate:     m.batches.WithLabelValues(w, "duplicate"),
 		undecodable:   m.batches.WithLabelValues(w, "undecodable"),
+		badSeq:        m.batches.WithLabelValues(w, "bad_seq"),
 		gaps:          m.gaps.WithLabelValues(w, r),
 		lag:           m.lag.WithLabelValues(w, r),
 		lastSeq:       m.lastSeq.WithLabelValues(w, r),

@@ -64,11 +64,22 @@ func startPipeline(t *testing.T, cfg ManagerConfig) *pipeline {
 
 func newPipeline(t *testing.T, cfg ManagerConfig) *pipeline {
 	t.Helper()
+	return newPipelineThrough(t, cfg, nil)
+}
+
+// newPipelineThrough is newPipeline whose sink applies through wrap(applier)
+// (the applier itself when wrap is nil).
+func newPipelineThrough(t *testing.T, cfg ManagerConfig, wrap func(*Applier) BatchApplier) *pipeline {
+	t.Helper()
 	p := &pipeline{t: t, index: radix.New(radix.Config{}), reg: prometheus.NewRegistry(), logs: &logbuf.Buffer{}}
 	logger := slog.New(slog.NewTextHandler(p.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	p.applier = NewApplier(p.index)
+	var applier BatchApplier = p.applier
+	if wrap != nil {
+		applier = wrap(p.applier)
+	}
 	var err error
-	if p.sink, err = NewLocalSink(p.applier, 0, logger, p.reg); err != nil {
+	if p.sink, err = NewLocalSink(applier, 0, logger, p.reg); err != nil {
 		t.Fatal(err)
 	}
 	if p.mgr, err = NewManager(cfg, logger, p.reg); err != nil {
@@ -136,6 +147,29 @@ func (p *pipeline) stop() {
 	case <-time.After(10 * time.Second):
 		p.t.Error("Manager.Close hangs: a ZMQ socket was left open")
 	}
+}
+
+// flush waits until the sink has applied everything submitted so far.
+func (p *pipeline) flush() {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.sink.Flush(ctx); err != nil {
+		p.t.Fatalf("sink flush: %v", err)
+	}
+}
+
+// handedOff is the seq of the last batch worker's rank 0 handed to the sink,
+// from its status (ok false before its first).
+func (p *pipeline) handedOff(worker string) (seq uint64, ok bool) {
+	for _, w := range p.mgr.Workers() {
+		for _, st := range w.Streams {
+			if w.Spec.ID == worker && st.DPRank == 0 && st.State != StateConnecting {
+				return st.LastSeq, true
+			}
+		}
+	}
+	return 0, false
 }
 
 // counter sums every series of a metric whose labels include want.

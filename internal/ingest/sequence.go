@@ -7,6 +7,13 @@ package ingest
 // left it after a few minutes.
 const DefaultRestartWindow = 1 << 16
 
+// MaxSeqJump is the largest forward jump from the cursor that a Tracker takes
+// as a gap. A seq further ahead is no engine's (at a thousand batches a second,
+// 2^32 batches are seven weeks of loss that nothing noticed): it is refused
+// (ActionRefuse), never a reset, because a stream that jumped there would take
+// every later batch of the engine for an old one.
+const MaxSeqJump = 1 << 32
+
 // Action is what the caller must do with a batch, as decided by a Tracker.
 type Action uint8
 
@@ -27,6 +34,10 @@ const (
 	// ActionReset: a replay could not fill a gap. Drop every block of the worker,
 	// then apply the batch (StreamBatch.Reset); the tracker continues after it.
 	ActionReset
+	// ActionRefuse: the seq is implausible (more than MaxSeqJump past the
+	// cursor, or 2^64-1, which leaves no seq after it): drop the batch as bad
+	// input. Nothing changed.
+	ActionRefuse
 )
 
 // Applies reports whether the caller must apply the batch (ActionApply,
@@ -52,6 +63,8 @@ func (a Action) String() string {
 		return "restart"
 	case ActionReset:
 		return "reset"
+	case ActionRefuse:
+		return "refuse"
 	}
 	return "Action(?)"
 }
@@ -61,11 +74,12 @@ type Decision struct {
 	Action Action
 	// From and To are the missing seqs, inclusive, for ActionGap.
 	From, To uint64
-	// Restart marks an ActionGap that is only the possible start of a restarted
-	// engine's stream: the engine restarted and its first live batch has seq 1,
-	// which is where llm-d's publishers start (vLLM starts at 0). The replay asks
-	// for seq 0 in case the engine has it; if it does not, the batch at 1 starts
-	// the new stream. It is not a gap (TrackerStats.Gaps does not count it).
+	// Restart marks an ActionGap that asks for the start of a restarted
+	// engine's stream, the seqs before the first live batch we have of it (lost
+	// while the SUB socket reconnected). It is not a gap (TrackerStats.Gaps does
+	// not count it). A new stream may start at 1, where llm-d's publishers start
+	// (vLLM starts at 0): a replay may start at 1, and when the first live batch
+	// is seq 1 and the engine has no seq 0, that batch starts the new stream.
 	Restart bool
 }
 
@@ -94,12 +108,15 @@ type TrackerStats struct {
 //     from a known cursor.)
 //   - seq == next expected: apply.
 //   - seq > next: gap; the batches from next to seq-1 must be replayed.
+//   - seq > next+MaxSeqJump, or seq 2^64-1: refused (ActionRefuse), nothing
+//     changes.
 //   - seq < next, and the live stream went back (seq <= the highest live seq seen,
 //     or, after Resume, seq below the cursor) to below the restart window: the engine
 //     restarted. Its new stream starts at 0 (vLLM) or 1 (llm-d's publishers):
-//     when seq > 0, 0..seq-1 are replayed first, and the first batch applied
-//     clears the worker. A restart first seen at seq 1 asks for seq 0 without
-//     counting a gap (Decision.Restart), and a replay may start at 1.
+//     when seq > 0, 0..seq-1 are replayed first (Decision.Restart: no gap is
+//     counted), and the first batch applied clears the worker; the new stream
+//     may start at 1. A caller that knows better than the seqs that the engine
+//     restarted (ObserveRestart) gets the same.
 //   - any other seq < next: a duplicate, e.g. a live batch that a replay already
 //     brought.
 //
@@ -175,6 +192,22 @@ func (t *Tracker) Fresh(epoch uint64) {
 // batches back; one observed anyway beyond the cursor gets ActionGap again and does
 // not open another replay.
 func (t *Tracker) Observe(seq uint64) Decision {
+	return t.observe(seq, false)
+}
+
+// ObserveRestart is Observe for a live batch that the caller knows comes from
+// a restarted engine although its seq does not say so, because it is stamped
+// later than every batch applied yet at or below the cursor (copies of applied
+// batches carry their stamp): the restart rules apply, near 0 or not. A seq
+// beyond the cursor is observed as usual.
+func (t *Tracker) ObserveRestart(seq uint64) Decision {
+	return t.observe(seq, true)
+}
+
+func (t *Tracker) observe(seq uint64, restarted bool) Decision {
+	if t.implausible(seq) {
+		return Decision{Action: ActionRefuse}
+	}
 	if !t.started {
 		t.started = true
 		t.next = seq
@@ -183,7 +216,7 @@ func (t *Tracker) Observe(seq uint64) Decision {
 	if t.liveSeen {
 		wentBack = seq <= t.lastLive
 	}
-	restart := seq < t.next && wentBack && seq < t.restartWindow
+	restart := seq < t.next && (restarted || wentBack && seq < t.restartWindow)
 	if restart || !t.liveSeen || seq > t.lastLive {
 		t.liveSeen, t.lastLive = true, seq
 	}
@@ -194,14 +227,13 @@ func (t *Tracker) Observe(seq uint64) Decision {
 		t.replaying = false
 		t.restarted = true
 		t.fromOne = true
-		switch seq {
-		case 0:
+		if seq == 0 {
 			return Decision{Action: t.applied(false)}
-		case 1:
-			t.replaying, t.held = true, seq
-			return Decision{Action: ActionGap, From: 0, To: 0, Restart: true}
 		}
-		return t.openGap(seq)
+		// The new stream's first batches were lost (the SUB socket
+		// reconnecting): ask for them, but it is no gap.
+		t.replaying, t.held = true, seq
+		return Decision{Action: ActionGap, From: 0, To: seq - 1, Restart: true}
 	case seq < t.next:
 		t.stats.Duplicates++
 		return Decision{Action: ActionDuplicate}
@@ -212,6 +244,12 @@ func (t *Tracker) Observe(seq uint64) Decision {
 		return Decision{Action: ActionGap, From: t.next, To: seq - 1}
 	}
 	return t.openGap(seq)
+}
+
+// implausible reports a seq no engine sends next: 2^64-1 (the replay end
+// marker's; nothing could follow it) or more than MaxSeqJump past the cursor.
+func (t *Tracker) implausible(seq uint64) bool {
+	return seq == ^uint64(0) || t.started && seq > t.next && seq-t.next > MaxSeqJump
 }
 
 func (t *Tracker) openGap(seq uint64) Decision {
@@ -256,10 +294,13 @@ func (t *Tracker) reset(seq uint64, replayed bool) Action {
 }
 
 // Replayed decides what to do with a batch that a replay brought: ActionApply,
-// ActionRestart (the first batch after an engine restart), ActionDuplicate, or
+// ActionRestart (the first batch after an engine restart), ActionDuplicate,
 // ActionReset when the replay skipped seqs we need (drop the worker's blocks, then
-// apply this batch).
+// apply this batch), or ActionRefuse for an implausible seq (see Observe).
 func (t *Tracker) Replayed(seq uint64) Action {
+	if t.implausible(seq) {
+		return ActionRefuse
+	}
 	t.startAtOne(seq)
 	switch {
 	case !t.started:
@@ -318,6 +359,12 @@ func (t *Tracker) Cursor() (c Cursor, ok bool) {
 		return Cursor{Epoch: t.epoch}, false
 	}
 	return Cursor{Seq: t.next - 1, Epoch: t.epoch}, true
+}
+
+// dropHeld abandons an open replay and the batch it held: the caller lost them
+// (its stream runner stopped), and the next batch shows the hole they leave.
+func (t *Tracker) dropHeld() {
+	t.replaying = false
 }
 
 // Replaying reports whether a replay is open (between ActionGap and FinishReplay).

@@ -7,7 +7,7 @@ import (
 
 // step is one call on a Tracker and what it must answer.
 type step struct {
-	op       string // "observe", "replayed", "finish", "resume", "discard", "fresh"
+	op       string // "observe", "observe-restart", "replayed", "finish", "resume", "discard", "fresh"
 	seq      uint64
 	want     Action
 	from, to uint64 // for ActionGap; from is the epoch for "resume"
@@ -19,15 +19,36 @@ func gap(seq, from, to uint64) step {
 	return step{op: "observe", seq: seq, want: ActionGap, from: from, to: to}
 }
 
+// restartGap is a live seq > 0 of a restarted engine: ask for 0..seq-1, no gap.
+func restartGap(seq uint64) step {
+	return step{op: "observe", seq: seq, want: ActionGap, from: 0, to: seq - 1, restart: true}
+}
+
 // restartProbe is a live seq 1 after an engine restart: ask for 0, no gap.
-func restartProbe() step {
-	return step{op: "observe", seq: 1, want: ActionGap, from: 0, to: 0, restart: true}
+func restartProbe() step { return restartGap(1) }
+
+// observeRestart is ObserveRestart(seq) answering want (a restart gap when want is ActionGap).
+func observeRestart(seq uint64, want Action) step {
+	s := step{op: "observe-restart", seq: seq, want: want}
+	if want == ActionGap {
+		s.to, s.restart = seq-1, true
+	}
+	return s
 }
 func replayed(seq uint64, want Action) step { return step{op: "replayed", seq: seq, want: want} }
 func finish(want Action) step               { return step{op: "finish", want: want} }
 func resume(last, epoch uint64) step        { return step{op: "resume", seq: last, from: epoch} }
 func discard() step                         { return step{op: "discard"} }
 func fresh(epoch uint64) step               { return step{op: "fresh", from: epoch} }
+
+// applyReplayed is replayed(from..to) all applied.
+func applyReplayed(from, to uint64) []step {
+	var s []step
+	for seq := from; seq <= to; seq++ {
+		s = append(s, replayed(seq, ActionApply))
+	}
+	return s
+}
 
 // applyRange is observe(from..to) all applied.
 func applyRange(from, to uint64) []step {
@@ -144,11 +165,11 @@ func TestTracker(t *testing.T) {
 			stats: TrackerStats{Applied: 8, Restarts: 1},
 		},
 		{
-			name: "engine restart seen late: the new stream's start is replayed, its first batch clears",
-			steps: steps(applyRange(100, 101), gap(2, 0, 1),
+			name: "engine restart seen late: the new stream's start is replayed, no gap, its first batch clears",
+			steps: steps(applyRange(100, 101), restartGap(2),
 				replayed(0, ActionRestart), replayed(1, ActionApply), finish(ActionApply), observe(3, ActionApply)),
 			cursor: Cursor{Seq: 3, Epoch: 1}, hasCursor: true,
-			stats: TrackerStats{Applied: 6, Replayed: 2, Gaps: 1, Restarts: 1},
+			stats: TrackerStats{Applied: 6, Replayed: 2, Restarts: 1},
 		},
 		{
 			name: "engine restart to seq 1 (llm-d counts from 1), no replay: a restart, not a gap",
@@ -172,17 +193,17 @@ func TestTracker(t *testing.T) {
 			stats: TrackerStats{Applied: 12, Replayed: 1, Duplicates: 1, Restarts: 1},
 		},
 		{
-			name: "llm-d restart seen late: a replay from 1 fills the gap",
-			steps: steps(applyRange(1, 9), gap(3, 0, 2),
+			name: "llm-d restart seen late: a replay from 1 brings the new stream's start",
+			steps: steps(applyRange(1, 9), restartGap(3),
 				replayed(1, ActionRestart), replayed(2, ActionApply), finish(ActionApply), observe(4, ActionApply)),
 			cursor: Cursor{Seq: 4, Epoch: 1}, hasCursor: true,
-			stats: TrackerStats{Applied: 13, Replayed: 2, Gaps: 1, Restarts: 1},
+			stats: TrackerStats{Applied: 13, Replayed: 2, Restarts: 1},
 		},
 		{
-			name:   "engine restart seen late, replay impossible: one reset",
-			steps:  steps(applyRange(0, 9), gap(3, 0, 2), finish(ActionReset), observe(4, ActionApply)),
+			name:   "engine restart seen late, replay impossible: one reset, no gap",
+			steps:  steps(applyRange(0, 9), restartGap(3), finish(ActionReset), observe(4, ActionApply)),
 			cursor: Cursor{Seq: 4, Epoch: 1}, hasCursor: true,
-			stats: TrackerStats{Applied: 12, Gaps: 1, Restarts: 1, Resets: 1},
+			stats: TrackerStats{Applied: 12, Restarts: 1, Resets: 1},
 		},
 		{
 			name:   "engine restart right after its first batch",
@@ -217,9 +238,9 @@ func TestTracker(t *testing.T) {
 		},
 		{
 			name:   "resume from a cursor, then a seq near 0 is a restart awaiting its first batch",
-			steps:  steps(resume(99, 2), gap(3, 0, 2)),
+			steps:  steps(resume(99, 2), restartGap(3)),
 			cursor: Cursor{Epoch: 2}, hasCursor: false, replaying: true,
-			stats: TrackerStats{Restarts: 1, Gaps: 1},
+			stats: TrackerStats{Restarts: 1},
 		},
 		{
 			name:   "resume from a cursor, then an old seq beyond the window is a duplicate",
@@ -227,6 +248,58 @@ func TestTracker(t *testing.T) {
 			steps:  steps(resume(99, 0), observe(50, ActionDuplicate), observe(100, ActionApply)),
 			cursor: Cursor{Seq: 100}, hasCursor: true,
 			stats: TrackerStats{Applied: 1, Duplicates: 1},
+		},
+		{
+			name:   "a restart the caller recognises below the cursor, beyond the window, replays the new stream's start",
+			window: 10,
+			steps: steps(applyRange(100, 105), observeRestart(50, ActionGap),
+				replayed(0, ActionRestart), applyReplayed(1, 49), finish(ActionApply), observe(51, ActionApply)),
+			cursor: Cursor{Seq: 51, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 58, Replayed: 50, Restarts: 1},
+		},
+		{
+			name:   "a restart the caller recognises at seq 0 clears at once",
+			window: 3,
+			steps:  steps(applyRange(0, 9), observe(5, ActionDuplicate), observeRestart(0, ActionRestart), observe(1, ActionApply)),
+			cursor: Cursor{Seq: 1, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 12, Duplicates: 1, Restarts: 1},
+		},
+		{
+			name:   "ObserveRestart beyond the cursor is an ordinary batch",
+			steps:  steps(applyRange(0, 3), observeRestart(4, ActionApply)),
+			cursor: Cursor{Seq: 4}, hasCursor: true,
+			stats: TrackerStats{Applied: 5},
+		},
+		{
+			name:   "a seq more than MaxSeqJump past the cursor is refused and changes nothing",
+			steps:  steps(applyRange(0, 3), observe(4+MaxSeqJump+1, ActionRefuse), observe(4, ActionApply), observe(5, ActionApply)),
+			cursor: Cursor{Seq: 5}, hasCursor: true,
+			stats: TrackerStats{Applied: 6},
+		},
+		{
+			name:   "a jump of MaxSeqJump is still a gap",
+			steps:  steps(applyRange(0, 3), gap(4+MaxSeqJump, 4, 3+MaxSeqJump), finish(ActionReset)),
+			cursor: Cursor{Seq: 4 + MaxSeqJump, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 5, Gaps: 1, Resets: 1},
+		},
+		{
+			name:   "the end marker's seq is refused, even as a first batch",
+			steps:  steps(observe(^uint64(0), ActionRefuse), observe(7, ActionApply), observe(^uint64(0), ActionRefuse)),
+			cursor: Cursor{Seq: 7}, hasCursor: true,
+			stats: TrackerStats{Applied: 1},
+		},
+		{
+			name:   "the largest seq short of the end marker is taken without overflow",
+			steps:  steps(observe(^uint64(0)-1, ActionApply), observe(0, ActionRestart)),
+			cursor: Cursor{Seq: 0, Epoch: 1}, hasCursor: true,
+			stats: TrackerStats{Applied: 2, Restarts: 1},
+		},
+		{
+			name: "an implausible replayed seq is refused; the replay goes on",
+			steps: steps(applyRange(0, 2), gap(5, 3, 4), replayed(3, ActionApply), replayed(4+MaxSeqJump+1, ActionRefuse),
+				replayed(4, ActionApply), finish(ActionApply)),
+			cursor: Cursor{Seq: 5}, hasCursor: true,
+			stats: TrackerStats{Applied: 6, Replayed: 2, Gaps: 1},
 		},
 		{
 			name:   "finish without an open replay does nothing",
@@ -296,10 +369,13 @@ func TestTracker(t *testing.T) {
 			for i, s := range c.steps {
 				at := fmt.Sprintf("step %d (%s %d)", i, s.op, s.seq)
 				switch s.op {
-				case "observe":
-					d := tr.Observe(s.seq)
+				case "observe", "observe-restart":
+					d := tr.Observe
+					if s.op == "observe-restart" {
+						d = tr.ObserveRestart
+					}
 					want := Decision{Action: s.want, From: s.from, To: s.to, Restart: s.restart}
-					if d != want {
+					if d := d(s.seq); d != want {
 						t.Fatalf("%s: got %+v (%s), want %+v (%s)", at, d, d.Action, want, want.Action)
 					}
 				case "replayed":
@@ -346,7 +422,7 @@ func TestNewTrackerDefaultWindow(t *testing.T) {
 }
 
 func TestActionClearsAndApplies(t *testing.T) {
-	for a := ActionNone; a <= ActionReset; a++ {
+	for a := ActionNone; a <= ActionRefuse; a++ {
 		if want := a == ActionRestart || a == ActionReset; a.Clears() != want {
 			t.Errorf("%s.Clears() = %v, want %v", a, a.Clears(), want)
 		}
@@ -360,6 +436,7 @@ func TestNamesOfActions(t *testing.T) {
 	for _, c := range []struct{ got, want string }{
 		{ActionNone.String(), "none"}, {ActionApply.String(), "apply"}, {ActionDuplicate.String(), "duplicate"},
 		{ActionGap.String(), "gap"}, {ActionRestart.String(), "restart"}, {ActionReset.String(), "reset"},
+		{ActionRefuse.String(), "refuse"},
 		{Action(99).String(), "Action(?)"},
 	} {
 		if c.got != c.want {

@@ -85,6 +85,8 @@ type streamRunner struct {
 	// is reported as "dead".
 	fence uint64
 	fresh bool
+	// inherited: the runner took over a stopped runner's position (inherit).
+	inherited bool
 
 	mu     sync.Mutex
 	status StreamStatus // guarded by mu
@@ -119,6 +121,51 @@ func newStreamRunner(key Stream, spec workerspec.Spec, defaultBlockSize int, env
 	}, nil
 }
 
+// streamPosition is where a stopped stream runner left its stream: its
+// Tracker and what the runner knew beside it (see streamRunner).
+type streamPosition struct {
+	tr        *Tracker
+	started   bool
+	appliedTS float64
+	discarded bool
+	fence     uint64
+	fresh     bool
+	replayEP  string
+	status    StreamStatus
+}
+
+// position is where the runner leaves its stream; call it once its
+// goroutine has ended (run returned), and drop the runner.
+func (s *streamRunner) position() streamPosition {
+	return streamPosition{tr: s.tr, started: s.started, appliedTS: s.appliedTS, discarded: s.discarded,
+		fence: s.fence, fresh: s.fresh, replayEP: s.replayEP, status: s.Status()}
+}
+
+// inherit takes over the position a stopped runner of the same stream left
+// (its worker's spec changed), before run starts. The index's cursor would
+// lag it: what the old runner submitted may not be applied yet (a queue, a
+// Raft proposal in flight), and a runner resuming from there would continue
+// an epoch that a queued Reset of the old one's ends (the index then drops
+// all it sends) or take its next batch for the stream's start (a batch lost
+// with the old runner's queue is then never seen missing). The old runner's
+// queue and held batch are lost: the next batch shows the hole as a gap, and
+// the catch-up replays it.
+func (s *streamRunner) inherit(p streamPosition) {
+	s.tr = p.tr
+	s.tr.dropHeld()
+	s.started, s.appliedTS, s.discarded = p.started, p.appliedTS, p.discarded
+	s.fence, s.fresh = p.fence, p.fresh
+	if s.replayEP == "" {
+		s.replayEP = p.replayEP // announced by NATS (Kv-Replay)
+	}
+	s.inherited = true
+	s.status = p.status
+	s.status.State = StateLive
+	if !s.started {
+		s.status.State = StateConnecting
+	}
+}
+
 // Status returns a snapshot of the stream's state.
 func (s *streamRunner) Status() StreamStatus {
 	s.mu.Lock()
@@ -136,7 +183,9 @@ func (s *streamRunner) setState(state string) {
 // other than ctx's is returned.
 func (s *streamRunner) run(ctx context.Context) error {
 	defer close(s.done)
-	if c, ok := s.env.cursors.Cursor(s.key); ok && c.Fence == 0 {
+	if s.inherited {
+		s.checkFence()
+	} else if c, ok := s.env.cursors.Cursor(s.key); ok && c.Fence == 0 {
 		s.tr.Resume(c)
 		s.started = true
 		s.mu.Lock()
@@ -226,15 +275,23 @@ func (s *streamRunner) handle(ctx context.Context, it *item) error {
 	if s.replayEP == "" && it.replay != "" {
 		s.replayEP = it.replay
 	}
-	if c, ok := s.tr.Cursor(); ok && s.appliedTS > 0 && it.seq <= c.Seq && (it.err != nil || it.batch.TS <= s.appliedTS) {
-		// A late copy of a batch applied already: a replay (catch-up, gap)
-		// brought it meanwhile, or it came another way (bind mode in a cluster:
-		// a member's own socket and a forwarding member's queue, an engine
-		// reconnected to another member). The Tracker would take a live seq
-		// that goes back for an engine restart; a restarted engine stamps its
-		// batches later than any batch before.
-		s.sm.duplicate.Inc()
-		return nil
+	restarted := false
+	if c, ok := s.tr.Cursor(); ok && s.appliedTS > 0 && it.seq <= c.Seq {
+		if it.err != nil || it.batch.TS <= s.appliedTS {
+			// A late copy of a batch applied already: a replay (catch-up, gap)
+			// brought it meanwhile, or it came another way (bind mode in a
+			// cluster: a member's own socket and a forwarding member's queue,
+			// an engine reconnected to another member). The Tracker would take
+			// a live seq that goes back for an engine restart.
+			s.sm.duplicate.Inc()
+			return nil
+		}
+		// Stamped later than every batch applied, yet at or below the cursor:
+		// no copy does that (a copy carries its batch's stamp), a restarted
+		// engine does. The Tracker's own rule (the seq went back below the
+		// highest live seq) misses it when replays took the cursor past
+		// the live batches seen.
+		restarted = true
 	}
 	if !s.started && it.seq > 0 {
 		// The first batch of a stream we know nothing about: what the engine
@@ -251,8 +308,15 @@ func (s *streamRunner) handle(ctx context.Context, it *item) error {
 			return nil
 		}
 	}
-	d := s.tr.Observe(it.seq)
+	observe := s.tr.Observe
+	if restarted {
+		observe = s.tr.ObserveRestart
+	}
+	d := observe(it.seq)
 	switch {
+	case d.Action == ActionRefuse:
+		s.refuseSeq(it.seq, "live")
+		return nil
 	case d.Action.Applies():
 		return s.submit(ctx, it, d.Action, "")
 	case d.Action == ActionDuplicate:
@@ -299,8 +363,11 @@ func (s *streamRunner) replay(ctx context.Context, reason string, from, upTo uin
 	err := s.rp.fetch(ctx, s.replayEP, from, upTo, func(f wire.Frame) error {
 		a := s.tr.Replayed(f.Seq)
 		if !a.Applies() {
-			if a == ActionDuplicate {
+			switch a {
+			case ActionDuplicate:
 				s.sm.duplicate.Inc()
+			case ActionRefuse:
+				s.refuseSeq(f.Seq, "replay")
 			}
 			return nil
 		}
@@ -335,6 +402,15 @@ func (s *streamRunner) replay(ctx context.Context, reason string, from, upTo uin
 		s.setState(StateConnecting)
 	}
 	return nil
+}
+
+// refuseSeq counts and logs a batch dropped for an implausible seq
+// (ActionRefuse) that came live or from a replay (source).
+func (s *streamRunner) refuseSeq(seq uint64, source string) {
+	s.sm.badSeq.Inc()
+	c, _ := s.tr.Cursor()
+	s.env.badLog.Warn("bad_seq/"+s.key.Worker, "dropping a batch whose seq no engine sends next (the end marker's, or too far past the cursor)",
+		"worker", s.key.Worker, "dp_rank", s.key.DPRank, "source", source, "seq", seq, "cursor", c.Seq, "max_jump", uint64(MaxSeqJump))
 }
 
 // decode decodes a payload, counting errors and skipped content under source.
@@ -397,6 +473,10 @@ func (s *streamRunner) submit(ctx context.Context, it *item, a Action, replayRea
 		s.appliedTS = max(s.appliedTS, b.TS)
 	}
 	if err := s.env.sink.Submit(ctx, b); err != nil {
+		// The Tracker counts the batch as applied: whoever continues from it
+		// (a runner inheriting this one) must clear the worker at its next
+		// batch rather than miss this one's events.
+		s.tr.Discard()
 		return err
 	}
 	s.started = true
@@ -437,6 +517,10 @@ func (s *streamRunner) resetReason(a Action, replayReason string) string {
 		return "undecodable"
 	case replayReason == replayCatchUp:
 		return replayCatchUp
+	case replayReason == replayRestart:
+		// A restarted engine's start could not be replayed: the clear is
+		// the restart's.
+		return "restart"
 	}
 	return "gap"
 }

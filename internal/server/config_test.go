@@ -41,7 +41,7 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 	for _, name := range []string{"node-id", "data-dir", "grpc-addr", "http-addr", "probe-addr", "zmq-bind", "worker", "workers-file",
 		"kv-event-transport", "nats-url", "nats-subject-prefix", "block-size", "max-body-bytes", "config",
 		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "insecure-no-admin-token", "raft-tls-ca", "raft-tls-cert", "raft-tls-key",
-		"http-read-timeout", "http-write-timeout", "max-discovered-workers", "discover-allow", "discover-replay-allow", "bind-replay-pattern", "ready-max-lag", "http-idle-timeout", "grpc-max-concurrent-streams", "max-watch-streams", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
+		"http-read-timeout", "http-write-timeout", "max-discovered-workers", "max-discovered-dp-ranks", "discover-allow", "discover-replay-allow", "bind-replay-pattern", "ready-max-lag", "http-idle-timeout", "grpc-max-concurrent-streams", "max-watch-streams", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
 		"worker-dead-after", "worker-health-interval", "raft-addr", "raft-advertise", "grpc-advertise", "bootstrap", "join", "raft-batch-max-events", "raft-batch-max-wait",
 		"raft-snapshot-threshold", "raft-trailing-logs",
 		"kube-selector", "kube-namespace", "kubeconfig", "kube-http-port", "kube-default-model", "kube-resync", "kube-unready-grace"} {
@@ -156,6 +156,7 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{[]string{"--http-read-timeout", "0s"}, nil, "--http-read-timeout=0s"},
 		{[]string{"--max-watch-streams", "0"}, nil, "--max-watch-streams=0"},
 		{[]string{"--max-discovered-workers", "-1"}, nil, "--max-discovered-workers=-1"},
+		{[]string{"--max-discovered-dp-ranks", "0"}, nil, "--max-discovered-dp-ranks=0"},
 		{[]string{"--discover-allow", "pod-["}, nil, "--discover-allow pattern \"pod-[\""},
 		{[]string{"--discover-replay-allow", "nats://*"}, nil, "must start with tcp://"},
 		{[]string{"--grpc-max-concurrent-streams", "0"}, nil, "--grpc-max-concurrent-streams=0"},
