@@ -94,8 +94,9 @@ func suffrageName(s raft.ServerSuffrage) string {
 // no-op; another node already at raftAddr under a different id is removed first
 // (a node that came back with a new id). It returns the log index of the change.
 func (n *Node) Join(ctx context.Context, id, raftAddr, grpcAddr string, voter bool) (uint64, error) {
-	if id == "" || len(id) > maxNameLen || raftAddr == "" {
-		return 0, fmt.Errorf("%w: join needs a node id of 1..%d bytes and a raft address (got %q, %q)", ErrInvalidConfig, maxNameLen, id, raftAddr)
+	if id == "" || len(id) > maxNameLen || raftAddr == "" || len(grpcAddr) > maxStringLen {
+		return 0, fmt.Errorf("%w: join needs a node id of 1..%d bytes, a raft address and a gRPC address of at most %d bytes (got %.64q, %.64q, %d bytes)",
+			ErrInvalidConfig, maxNameLen, maxStringLen, id, raftAddr, len(grpcAddr))
 	}
 	if n.raft.State() != raft.Leader {
 		return 0, n.notLeader(nil)

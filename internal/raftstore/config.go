@@ -152,6 +152,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.NodeID == "" || len(c.NodeID) > maxNameLen:
 		return bad("NodeID", fmt.Sprintf("%q", c.NodeID), fmt.Sprintf("1..%d bytes", maxNameLen))
+	case len(c.GRPCAddr) > maxStringLen:
+		return bad("GRPCAddr", fmt.Sprintf("%.64q...", c.GRPCAddr), fmt.Sprintf("at most %d bytes", maxStringLen))
 	case c.StreamLayer == nil && c.RaftAddr == "":
 		return bad("RaftAddr", `""`, "host:port (or a StreamLayer)")
 	case c.DataDir == "":

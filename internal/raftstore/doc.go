@@ -12,7 +12,11 @@
 // addresses. Log entries are in a compact binary format
 // (entry.go) with a version byte and a type byte; a type unknown to this version is
 // skipped when the entry is marked ignorable, and otherwise stops the state machine
-// (ErrFSMStopped): the node shuts down loudly rather than diverge. Apply is
+// (ErrFSMStopped): the node shuts down loudly rather than diverge. An entry that
+// is well formed but holds a value beyond the format's limits (an over-long id,
+// which older versions wrote unchecked) is applied as a no-op failing with
+// ErrInvalidEntry; proposals are decoded before they are proposed, so this
+// version never writes one. Apply is
 // deterministic, and the Applier's cursors make it idempotent per stream batch: a
 // batch at or behind its stream's cursor is dropped. Snapshots (snapshot.go) hold
 // all of the state; restoring one gives an index with the same Digest.

@@ -35,6 +35,13 @@ import (
 // Nothing may follow the payload. Hash and key counts are written separately so
 // that any StreamBatch ingest hands over is carried as it is: a length mismatch is
 // refused by the Applier, deterministically, on every replica.
+//
+// Limits: a worker name, worker id or node id is 1..maxNameLen bytes, every other
+// string at most maxStringLen. EncodeEntry refuses an entry that breaks them and
+// DecodeEntry refuses one with ErrInvalidEntry (not ErrCorruptEntry) when its
+// framing is intact: versions before the encoder checked ids and addresses wrote
+// such entries (an unregister of an over-long id), and the FSM applies one as a
+// no-op that fails, on every replica alike, instead of stopping on it.
 const (
 	entryVersion  = 1
 	ignorableFlag = 0x80
@@ -92,6 +99,11 @@ var (
 	// ErrInvalidBatch: a StreamBatch that cannot be written to the log (an unknown
 	// op kind, an empty or over-long worker name).
 	ErrInvalidBatch = errors.New("raftstore: invalid stream batch")
+	// ErrInvalidEntry: an entry holding a value the log format's limits forbid
+	// (an empty or over-long id, an over-long address). EncodeEntry refuses to
+	// write one; DecodeEntry reports one already in the log, which the FSM
+	// applies as a no-op that fails with this error.
+	ErrInvalidEntry = errors.New("raftstore: entry breaks the log format's limits")
 )
 
 // Entry is one decoded log entry; which fields are set depends on Type.
@@ -107,8 +119,9 @@ type Entry struct {
 }
 
 // EncodeEntry appends the encoding of e to dst (with the ignorable flag when
-// e.Ignorable). EntryStreamBatches fails with ErrInvalidBatch for a batch the log
-// cannot carry, EntryRegisterWorker with ErrInvalidWorker.
+// e.Ignorable). It checks what DecodeEntry checks: EntryStreamBatches fails with
+// ErrInvalidBatch for a batch the log cannot carry, EntryRegisterWorker and
+// EntryReplaceWorker with ErrInvalidWorker, the others with ErrInvalidEntry.
 func EncodeEntry(dst []byte, e *Entry) ([]byte, error) {
 	start := len(dst)
 	switch e.Type {
@@ -136,8 +149,15 @@ func EncodeEntry(dst []byte, e *Entry) ([]byte, error) {
 		}
 		dst = appendWorker(appendWorker(appendHeader(dst, e.Type), &e.Expected), &e.Worker)
 	case EntryUnregisterWorker, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive:
+		if err := checkLen(e.Type, "id", e.ID, 1, maxNameLen); err != nil {
+			return dst, err
+		}
 		dst = appendString(appendHeader(dst, e.Type), e.ID)
 	case EntryMemberAddr:
+		if err := errors.Join(checkLen(e.Type, "id", e.ID, 1, maxNameLen),
+			checkLen(e.Type, "gRPC address", e.GRPCAddr, 0, maxStringLen)); err != nil {
+			return dst, err
+		}
 		dst = appendString(appendHeader(dst, e.Type), e.ID)
 		dst = appendString(dst, e.GRPCAddr)
 	default:
@@ -147,6 +167,15 @@ func EncodeEntry(dst []byte, e *Entry) ([]byte, error) {
 		dst[start+1] |= ignorableFlag
 	}
 	return dst, nil
+}
+
+// checkLen refuses a string of a t entry outside min..max bytes (the decoder's
+// limits), with ErrInvalidEntry naming the field.
+func checkLen(t EntryType, what, s string, lo, hi int) error {
+	if len(s) < lo || len(s) > hi {
+		return fmt.Errorf("%w: %v entry: %s of %d bytes (want %d..%d)", ErrInvalidEntry, t, what, len(s), lo, hi)
+	}
+	return nil
 }
 
 func appendHeader(dst []byte, t EntryType) []byte { return append(dst, entryVersion, byte(t)) }
@@ -280,9 +309,11 @@ func (be *batchEncoder) reset() {
 	be.batches, be.events = 0, 0
 }
 
-// DecodeEntry decodes one log entry. Errors wrap ErrCorruptEntry or, for a type
+// DecodeEntry decodes one log entry. Errors wrap ErrCorruptEntry; or, for a type
 // this version does not know, ErrUnknownEntryType with Type and Ignorable set in
-// the returned Entry. It never panics and allocates in proportion to data.
+// the returned Entry; or, for a well-formed entry holding a value beyond the
+// format's limits (see EncodeEntry), ErrInvalidEntry with Type set. It never
+// panics and allocates in proportion to data.
 func DecodeEntry(data []byte) (Entry, error) {
 	if len(data) < 2 {
 		return Entry{}, fmt.Errorf("%w: %d bytes, shorter than the header", ErrCorruptEntry, len(data))
@@ -301,7 +332,7 @@ func DecodeEntry(data []byte) (Entry, error) {
 		e.Expected = d.worker()
 		e.Worker = d.worker()
 		if d.err == nil && e.Expected.ID != e.Worker.ID {
-			d.fail("replacing worker %q with %q", e.Expected.ID, e.Worker.ID)
+			d.refuse("replacing worker %.64q with %.64q", e.Expected.ID, e.Worker.ID)
 		}
 	case EntryUnregisterWorker, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive:
 		e.ID = d.name("id")
@@ -314,6 +345,9 @@ func DecodeEntry(data []byte) (Entry, error) {
 	if d.err == nil && len(d.data) > 0 {
 		d.fail("%d trailing bytes", len(d.data))
 	}
+	if d.err == nil {
+		d.err = d.refused
+	}
 	if d.err != nil {
 		return Entry{Type: e.Type}, fmt.Errorf("%v entry: %w", e.Type, d.err)
 	}
@@ -321,7 +355,9 @@ func DecodeEntry(data []byte) (Entry, error) {
 }
 
 // entryDecoder reads data from the front; after the first error every read
-// returns zero values and the error is kept.
+// returns zero values and the error is kept. A value beyond the format's limits
+// is not an error of the framing: it is kept in refused and decoding goes on, so
+// that such an entry is told apart from a corrupt one.
 //
 // The hash and key lists of a stream-batches entry are cut from one slab sized
 // by the entry's remaining bytes (an upper bound: an entry of multi-block ops
@@ -333,7 +369,8 @@ func DecodeEntry(data []byte) (Entry, error) {
 // (the change feed does).
 type entryDecoder struct {
 	data     []byte
-	err      error
+	err      error       // ErrCorruptEntry
+	refused  error       // ErrInvalidEntry
 	wordSlab []uint64    // unused part of the u64 slab
 	opSlab   []ingest.Op // unused part of the op slab
 	opChunk  int         // size of the last op slab: each new one is twice as big
@@ -342,6 +379,12 @@ type entryDecoder struct {
 func (d *entryDecoder) fail(format string, args ...any) {
 	if d.err == nil {
 		d.err = fmt.Errorf("%w: %s", ErrCorruptEntry, fmt.Sprintf(format, args...))
+	}
+}
+
+func (d *entryDecoder) refuse(format string, args ...any) {
+	if d.refused == nil {
+		d.refused = fmt.Errorf("%w: %s", ErrInvalidEntry, fmt.Sprintf(format, args...))
 	}
 }
 
@@ -424,11 +467,11 @@ func (d *entryDecoder) u64s(what string) []uint64 {
 
 func (d *entryDecoder) strLimit(limit int, what string) string {
 	n := d.count(1, what+" length")
-	if d.err == nil && n > limit {
-		d.fail("%s of %d bytes exceeds %d", what, n, limit)
-	}
 	if d.err != nil {
 		return ""
+	}
+	if n > limit {
+		d.refuse("%s of %d bytes exceeds %d", what, n, limit)
 	}
 	s := string(d.data[:n])
 	d.data = d.data[n:]
@@ -441,7 +484,7 @@ func (d *entryDecoder) str(what string) string { return d.strLimit(maxStringLen,
 func (d *entryDecoder) name(what string) string {
 	s := d.strLimit(maxNameLen, what)
 	if d.err == nil && s == "" {
-		d.fail("empty %s", what)
+		d.refuse("empty %s", what)
 	}
 	return s
 }

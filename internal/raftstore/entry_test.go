@@ -160,12 +160,18 @@ func TestDecodeEntryErrors(t *testing.T) {
 		{"trailing byte", append(append([]byte{}, valid...), 0), ErrCorruptEntry, false},
 		{"worker count beyond data", []byte{1, 1, 0x7f}, ErrCorruptEntry, false},
 		{"batch names missing worker", []byte{1, 1, 1, 1, 'w', 1, 5, 0, 0, 0, 0, 0}, ErrCorruptEntry, false},
-		{"empty worker name", []byte{1, 1, 1, 0, 0}, ErrCorruptEntry, false},
+		{"empty worker name", []byte{1, 1, 1, 0, 0}, ErrInvalidEntry, false},
+		{"worker name over the limit", append(appendString([]byte{1, 1, 1}, strings.Repeat("w", maxNameLen+1)), 0), ErrInvalidEntry, false},
+		{"string length beyond data", []byte{1, 3, 5, 'w'}, ErrCorruptEntry, false},
 		{"unknown batch flag", []byte{1, 1, 1, 1, 'w', 1, 0, 0, 1, 0, 2, 0}, ErrCorruptEntry, false},
 		{"unknown op kind", []byte{1, 1, 1, 1, 'w', 1, 0, 0, 1, 0, 0, 1, 9}, ErrCorruptEntry, false},
 		{"varint overflow", []byte{1, 3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, ErrCorruptEntry, false},
 		{"dp rank over 32 bits", []byte{1, 1, 1, 1, 'w', 1, 0, 0x80, 0x80, 0x80, 0x80, 0x10, 1, 0, 0, 0}, ErrCorruptEntry, false},
-		{"empty unregister id", []byte{1, 3, 0}, ErrCorruptEntry, false},
+		{"empty unregister id", []byte{1, 3, 0}, ErrInvalidEntry, false},
+		{"unregister id over the limit", rawIDEntry(EntryUnregisterWorker, strings.Repeat("x", maxNameLen+1)), ErrInvalidEntry, false},
+		{"member address over the limit", appendString(rawIDEntry(EntryMemberAddr, "n"), strings.Repeat("a", maxStringLen+1)), ErrInvalidEntry, false},
+		{"empty id then a trailing byte", []byte{1, 3, 0, 0}, ErrCorruptEntry, false},
+		{"replace changing the id", appendWorker(appendWorker([]byte{1, 6}, &workerspec.Spec{ID: "a"}), &workerspec.Spec{ID: "b"}), ErrInvalidEntry, false},
 		{"bad has-parent byte", []byte{1, 1, 1, 1, 'w', 1, 0, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}, ErrCorruptEntry, false},
 	}
 	for _, tc := range tests {
@@ -206,6 +212,21 @@ func TestEncodeEntryRejectsWhatTheLogCannotCarry(t *testing.T) {
 	for _, w := range []workerspec.Spec{{ID: ""}, {ID: "w", BlockSize: -1}, {ID: "w", Labels: map[string]string{"k": strings.Repeat("v", maxStringLen+1)}}} {
 		if _, err := EncodeEntry(nil, &Entry{Type: EntryRegisterWorker, Worker: w}); !errors.Is(err, ErrInvalidWorker) {
 			t.Errorf("register %+.60v: error %v, want ErrInvalidWorker", w, err)
+		}
+	}
+	long, huge := strings.Repeat("x", maxNameLen+1), strings.Repeat("a", maxStringLen+1)
+	for _, e := range []Entry{
+		{Type: EntryUnregisterWorker, ID: long},
+		{Type: EntryUnregisterWorker, ID: ""},
+		{Type: EntryMemberRemoved, ID: long},
+		{Type: EntryWorkerDead, ID: ""},
+		{Type: EntryWorkerAlive, ID: long},
+		{Type: EntryMemberAddr, ID: "", GRPCAddr: "a:1"},
+		{Type: EntryMemberAddr, ID: long, GRPCAddr: "a:1"},
+		{Type: EntryMemberAddr, ID: "n", GRPCAddr: huge},
+	} {
+		if _, err := EncodeEntry(nil, &e); !errors.Is(err, ErrInvalidEntry) {
+			t.Errorf("%v with a %d-byte id and a %d-byte address: error %v, want ErrInvalidEntry", e.Type, len(e.ID), len(e.GRPCAddr), err)
 		}
 	}
 	if _, err := EncodeEntry(nil, &Entry{Type: 0x55}); !errors.Is(err, ErrUnknownEntryType) {
@@ -280,7 +301,7 @@ func FuzzDecodeEntry(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		e, err := DecodeEntry(data)
 		if err != nil {
-			if !errors.Is(err, ErrCorruptEntry) && !errors.Is(err, ErrUnknownEntryType) {
+			if !errors.Is(err, ErrCorruptEntry) && !errors.Is(err, ErrUnknownEntryType) && !errors.Is(err, ErrInvalidEntry) {
 				t.Fatalf("error %v wraps no sentinel", err)
 			}
 			return
@@ -295,6 +316,64 @@ func FuzzDecodeEntry(f *testing.F) {
 		}
 		if !reflect.DeepEqual(e, e2) {
 			t.Fatalf("round trip changed the entry:\n%+v\n%+v", e, e2)
+		}
+	})
+}
+
+// rawIDEntry is a t entry holding id as versions before the encoder checked ids
+// wrote it, whatever its length.
+func rawIDEntry(t EntryType, id string) []byte {
+	return appendString(appendHeader(nil, t), id)
+}
+
+// FuzzEncodeEntry: whatever entry EncodeEntry writes, DecodeEntry reads back as
+// it was; whatever it refuses, it refuses with the sentinel of its kind. The
+// lengths are fuzzed apart from the bytes so that ids and addresses reach the
+// limits (1024 and 64 KiB) and step over them.
+func FuzzEncodeEntry(f *testing.F) {
+	for _, n := range []uint32{0, 1, maxNameLen - 1, maxNameLen, maxNameLen + 1} {
+		for typ := range uint8(9) {
+			f.Add(typ, "w", n, "a:1", uint32(3))
+		}
+	}
+	f.Add(uint8(EntryMemberAddr), "n", uint32(1), "a", uint32(maxStringLen))
+	f.Add(uint8(EntryMemberAddr), "n", uint32(1), "a", uint32(maxStringLen+1))
+	f.Add(uint8(EntryRegisterWorker), "w", uint32(4), "m", uint32(maxStringLen+1))
+	f.Fuzz(func(t *testing.T, typ uint8, id string, idLen uint32, addr string, addrLen uint32) {
+		// A string of n bytes, cycling through s (or 'x' when s is empty).
+		sized := func(s string, n uint32) string {
+			if s == "" {
+				s = "x"
+			}
+			return strings.Repeat(s, int(n)/len(s)+1)[:n]
+		}
+		id, addr = sized(id, idLen%(2*maxNameLen)), sized(addr, addrLen%(maxStringLen+maxNameLen))
+		spec := workerspec.Spec{ID: id, Model: addr, BlockSize: 16, Labels: map[string]string{"k": addr}}
+		e := Entry{Type: EntryType(typ), ID: id}
+		switch e.Type {
+		case EntryStreamBatches:
+			e.Batches = []ingest.StreamBatch{{Stream: ws(id, 1), Seq: 2, Ops: []ingest.Op{{Kind: ingest.OpCleared}}}}
+			e.ID = ""
+		case EntryRegisterWorker:
+			e.Worker, e.ID = spec, ""
+		case EntryReplaceWorker:
+			e.Expected, e.Worker, e.ID = workerspec.Spec{ID: id}, spec, ""
+		case EntryMemberAddr:
+			e.GRPCAddr = addr
+		}
+		data, err := EncodeEntry(nil, &e)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidEntry) && !errors.Is(err, ErrInvalidBatch) && !errors.Is(err, ErrInvalidWorker) && !errors.Is(err, ErrUnknownEntryType) {
+				t.Fatalf("%v: error %v wraps no sentinel", e.Type, err)
+			}
+			return
+		}
+		got, err := DecodeEntry(data)
+		if err != nil {
+			t.Fatalf("%v with a %d-byte id and a %d-byte address: encoded, but the decoder refuses it: %v", e.Type, len(id), len(addr), err)
+		}
+		if !reflect.DeepEqual(got, e) {
+			t.Fatalf("%v: round trip changed the entry", e.Type)
 		}
 	})
 }

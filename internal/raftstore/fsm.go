@@ -71,7 +71,7 @@ type ApplyResult struct {
 	Applied, Duplicates, OfRemovedWorkers, Fenced int // stream batches by outcome
 	OpErrors                                      int // ops the index refused (see ingest.ApplyResult)
 	// Err is the outcome of a registry entry (ErrWorkerExists, ErrUnknownWorker),
-	// or ErrFSMStopped.
+	// ErrInvalidEntry for an entry refused as a no-op, or ErrFSMStopped.
 	Err error
 }
 
@@ -184,6 +184,16 @@ func (f *fsm) Apply(l *raft.Log) any {
 			f.log.Warn("skipping log entry of unknown ignorable type", "index", l.Index, "type", e.Type)
 			f.setApplied(l.Index)
 			return ApplyResult{}
+		}
+		if errors.Is(err, ErrInvalidEntry) {
+			// Well formed, but beyond the format's limits: written by a version
+			// that did not check them (an unregister of an over-long id).
+			// Stopping would stop every replica, and again at every restart,
+			// since the entry stays in the log; the entry changes nothing instead.
+			f.metrics.refusedEntries.Inc()
+			f.log.Warn("refusing log entry beyond the format's limits: applied as a no-op", "index", l.Index, "type", e.Type, "err", err)
+			f.setApplied(l.Index)
+			return ApplyResult{Err: fmt.Errorf("log index %d: %w", l.Index, err)}
 		}
 		return ApplyResult{Err: f.stop(fmt.Errorf("log index %d: %w", l.Index, err))}
 	}

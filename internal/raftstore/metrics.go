@@ -30,6 +30,7 @@ type metrics struct {
 	opErrors             prometheus.Counter
 	workerDeaths         prometheus.Counter
 	ignoredEntries       prometheus.Counter
+	refusedEntries       prometheus.Counter
 
 	leaderSessions prometheus.Counter
 }
@@ -59,6 +60,7 @@ func newMetrics() *metrics {
 		batchesFenced:        c("fenced_batches_total", "Committed stream batches dropped because their worker was declared dead and they do not start a fresh stream."),
 		opErrors:             c("apply_op_errors_total", "Ops of applied stream batches that the index refused."),
 		ignoredEntries:       c("ignored_entries_total", "Log entries of an unknown type marked ignorable, skipped."),
+		refusedEntries:       c("refused_entries_total", "Committed log entries applied as no-ops because a value breaks the log format's limits (an empty or over-long id, an over-long address: written by a version that did not check them)."),
 		leaderSessions:       c("leader_sessions_total", "Times this node started proposing as leader (after a barrier)."),
 		// Named for what it counts, beside kvindex_worker_dead (server), not for raft.
 		workerDeaths: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvindex_worker_deaths_total",
@@ -71,7 +73,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	for _, c := range []prometheus.Collector{
 		m.proposedEntries, m.proposedBatches, m.proposedEvents, m.proposedBytes, m.proposalFailures,
 		m.commitSeconds, m.inflight, m.batchesApplied, m.batchesDuplicate, m.batchesRemovedWorker,
-		m.batchesFenced, m.opErrors, m.workerDeaths, m.ignoredEntries, m.leaderSessions,
+		m.batchesFenced, m.opErrors, m.workerDeaths, m.ignoredEntries, m.refusedEntries, m.leaderSessions,
 	} {
 		errs = append(errs, reg.Register(c))
 	}

@@ -580,6 +580,13 @@ func (n *Node) proposeEntry(ctx context.Context, e *Entry) (ApplyResult, uint64,
 	if err != nil {
 		return ApplyResult{}, 0, err
 	}
+	// An entry every replica's decoder refuses must never reach the log: once
+	// committed it stays there. Decoding it first makes sure, whatever the
+	// encoder missed (admin entries are few and small; stream batches do not
+	// come this way).
+	if _, err := DecodeEntry(data); err != nil {
+		return ApplyResult{}, 0, fmt.Errorf("%w: not proposing a %v entry the log would refuse: %w", ErrInvalidEntry, e.Type, err)
+	}
 	f := n.raft.Apply(data, 0)
 	if err := n.await(ctx, f); err != nil {
 		return ApplyResult{}, 0, err

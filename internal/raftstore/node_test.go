@@ -27,6 +27,7 @@ func TestConfigValidateNamesTheBadField(t *testing.T) {
 		set   func(c *Config)
 	}{
 		{"NodeID", func(c *Config) { c.NodeID = "" }},
+		{"GRPCAddr", func(c *Config) { c.GRPCAddr = strings.Repeat("a", maxStringLen+1) }},
 		{"RaftAddr", func(c *Config) { c.RaftAddr = "" }},
 		{"DataDir", func(c *Config) { c.DataDir = "" }},
 		{"MaxBatchEvents", func(c *Config) { c.MaxBatchEvents = 0 }},

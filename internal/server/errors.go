@@ -14,6 +14,7 @@ import (
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/raftstore"
 	"github.com/kvindex/kvindex/internal/tokenize"
 	"github.com/kvindex/kvindex/internal/workerspec"
 )
@@ -97,6 +98,7 @@ type errorClass struct {
 var errorTable = []errorClass{
 	{ErrInvalidArgument, codes.InvalidArgument, http.StatusBadRequest, "invalid_argument"},
 	{workerspec.ErrInvalid, codes.InvalidArgument, http.StatusBadRequest, "invalid_argument"},
+	{raftstore.ErrInvalidEntry, codes.InvalidArgument, http.StatusBadRequest, "invalid_argument"},
 	{tokenize.ErrInvalidMessages, codes.InvalidArgument, http.StatusBadRequest, "invalid_argument"},
 	{ErrUnknownModel, codes.NotFound, http.StatusNotFound, "unknown_model"},
 	{tokenize.ErrUnknownModel, codes.NotFound, http.StatusNotFound, "unknown_model"},

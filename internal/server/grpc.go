@@ -566,6 +566,9 @@ func (a *API) unregisterWorker(ctx context.Context, id string) (uint64, error) {
 	if id == "" {
 		return 0, invalidArg("worker_id is required")
 	}
+	if err := checkNames("worker_id", id); err != nil {
+		return 0, err
+	}
 	applied, err := a.backend.UnregisterWorker(ctx, id)
 	a.view.invalidate()
 	return applied, err
@@ -582,6 +585,9 @@ func (s adminService) UnregisterWorker(ctx context.Context, req *kvindexv1.Unreg
 func (s adminService) Join(ctx context.Context, req *kvindexv1.JoinRequest) (*kvindexv1.JoinResponse, error) {
 	if req.NodeId == "" || req.RaftAddr == "" {
 		return nil, invalidArg("node_id and raft_addr are required")
+	}
+	if err := checkAddrs("raft_addr", req.RaftAddr, "grpc_addr", req.GrpcAddr); err != nil {
+		return nil, err
 	}
 	applied, err := s.a.backend.Join(ctx, JoinRequest{
 		NodeID: req.NodeId, RaftAddr: req.RaftAddr, GRPCAddr: req.GrpcAddr,

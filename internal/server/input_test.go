@@ -15,6 +15,7 @@ import (
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/ingest"
+	"github.com/kvindex/kvindex/internal/raftstore"
 	"github.com/kvindex/kvindex/internal/tokenize"
 	"github.com/kvindex/kvindex/internal/workerspec"
 )
@@ -157,6 +158,14 @@ func TestBadGRPCInputIsRefusedClearly(t *testing.T) {
 			_, err := f.admin.Join(ctx, &kvindexv1.JoinRequest{NodeId: strings.Repeat("n", 5000), RaftAddr: "127.0.0.1:1"})
 			return err
 		}, codes.InvalidArgument, "node id of 1.."},
+		{"join with an oversized gRPC address", func() error {
+			_, err := f.admin.Join(ctx, &kvindexv1.JoinRequest{NodeId: "n9", RaftAddr: "127.0.0.1:1", GrpcAddr: strings.Repeat("a", 64<<10+1)})
+			return err
+		}, codes.ResourceExhausted, "grpc_addr"},
+		{"unregister an oversized worker id", func() error {
+			_, err := f.admin.UnregisterWorker(ctx, &kvindexv1.UnregisterWorkerRequest{WorkerId: strings.Repeat("w", 1025)})
+			return err
+		}, codes.ResourceExhausted, "worker_id"},
 		{"leave without a node id", func() error {
 			_, err := f.admin.Leave(ctx, &kvindexv1.LeaveRequest{})
 			return err
@@ -186,6 +195,7 @@ func TestErrorTableMapsEverySentinel(t *testing.T) {
 		{invalidArg("x"), codes.InvalidArgument, 400},
 		{fmt.Errorf("w: %w", workerspec.ErrInvalid), codes.InvalidArgument, 400},
 		{fmt.Errorf("w: %w", tokenize.ErrInvalidMessages), codes.InvalidArgument, 400},
+		{fmt.Errorf("unregister: %w", raftstore.ErrInvalidEntry), codes.InvalidArgument, 400},
 		{ErrUnknownModel, codes.NotFound, 404},
 		{ErrNotFound, codes.NotFound, 404},
 		{ErrAlreadyExists, codes.AlreadyExists, 409},

@@ -241,6 +241,9 @@ func TestLimitsRefuseClearlyAndServeOthers(t *testing.T) {
 		if code, body := f.postJSON("/register", map[string]any{"worker": map[string]any{"id": long, "model": testModel, "block_size": 4}}); code != http.StatusRequestEntityTooLarge || !strings.Contains(body, "worker id") {
 			t.Errorf("register with a long id = %d %s, want 413 naming the worker id", code, body)
 		}
+		if code, body := f.postJSON("/unregister", map[string]any{"worker_id": long}); code != http.StatusRequestEntityTooLarge || !strings.Contains(body, "worker_id") {
+			t.Errorf("unregister with a long id = %d %s, want 413 naming worker_id", code, body)
+		}
 		healthy(t)
 	})
 
