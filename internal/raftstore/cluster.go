@@ -90,9 +90,12 @@ func suffrageName(s raft.ServerSuffrage) string {
 
 // Join adds node id at raftAddr to the cluster as a voter (or a non-voter) and
 // records its gRPC address (optional). Leader only: elsewhere it fails with a
-// *NotLeaderError naming the leader. Joining again with the same address is a
-// no-op; another node already at raftAddr under a different id is removed first
-// (a node that came back with a new id). It returns the log index of the change.
+// *NotLeaderError naming the leader. Joining again as it is is a no-op; joining
+// again with another suffrage changes it (a voter joining as a non-voter is
+// demoted: it keeps its log and stops voting; the leader asked to demote itself
+// hands leadership over first, as Leave does). Another node already at raftAddr
+// under a different id is removed first, with its gRPC address (a node that came
+// back with a new id). It returns the log index of the change.
 func (n *Node) Join(ctx context.Context, id, raftAddr, grpcAddr string, voter bool) (uint64, error) {
 	if id == "" || len(id) > maxNameLen || raftAddr == "" || len(grpcAddr) > maxStringLen {
 		return 0, fmt.Errorf("%w: join needs a node id of 1..%d bytes, a raft address and a gRPC address of at most %d bytes (got %.64q, %.64q, %d bytes)",
@@ -105,35 +108,52 @@ func (n *Node) Join(ctx context.Context, id, raftAddr, grpcAddr string, voter bo
 	if err := n.await(ctx, cf); err != nil {
 		return 0, err
 	}
-	want := raft.Nonvoter
-	if voter {
-		want = raft.Voter
-	}
-	var index uint64
-	present := false
+	present, demote := false, false
+	var replaced []string // other members at raftAddr
 	for _, s := range cf.Configuration().Servers {
 		switch {
-		case string(s.ID) == id && string(s.Address) == raftAddr && s.Suffrage == want:
-			present = true
-		case string(s.ID) != id && string(s.Address) == raftAddr:
-			f := n.raft.RemoveServer(s.ID, 0, 0)
-			if err := n.await(ctx, f); err != nil {
-				return 0, fmt.Errorf("raftstore: removing %s, which had address %s: %w", s.ID, raftAddr, err)
+		case string(s.ID) == id:
+			present = string(s.Address) == raftAddr && (s.Suffrage == raft.Voter) == voter
+			demote = s.Suffrage == raft.Voter && !voter
+		case string(s.Address) == raftAddr:
+			if string(s.ID) == n.cfg.NodeID {
+				return 0, fmt.Errorf("%w: %s cannot join at %s, the leader's own raft address", ErrInvalidConfig, id, raftAddr)
 			}
+			replaced = append(replaced, string(s.ID))
 		}
+	}
+	if demote && id == n.cfg.NodeID {
+		return 0, n.handOver(ctx, fmt.Errorf("leadership handed over so that %s can be demoted", id))
+	}
+	var index uint64
+	for _, old := range replaced {
+		i, err := n.removeMember(ctx, old)
+		if err != nil {
+			return 0, fmt.Errorf("raftstore: removing %s, which had address %s: %w", old, raftAddr, err)
+		}
+		index = i
 	}
 	if !present {
 		var f raft.IndexFuture
-		if voter {
+		switch {
+		case voter:
+			// Adds, promotes a non-voter, or moves a voter to raftAddr.
 			f = n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, 0)
-		} else {
+		case demote:
+			// AddNonvoter of a voter only moves it to raftAddr (which it
+			// already has when only the suffrage changes): DemoteVoter demotes.
+			if err := n.await(ctx, n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, 0)); err != nil {
+				return 0, fmt.Errorf("raftstore: moving %s to %s: %w", id, raftAddr, err)
+			}
+			f = n.raft.DemoteVoter(raft.ServerID(id), 0, 0)
+		default:
 			f = n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, 0)
 		}
 		if err := n.await(ctx, f); err != nil {
 			return 0, fmt.Errorf("raftstore: adding %s at %s: %w", id, raftAddr, err)
 		}
 		index = f.Index()
-		n.log.Info("member joined", "id", id, "raft_addr", raftAddr, "voter", voter)
+		n.log.Info("member joined", "id", id, "raft_addr", raftAddr, "voter", voter, "demoted", demote)
 	}
 	if grpcAddr != "" && n.fsm.memberAddrs()[id] != grpcAddr {
 		_, i, err := n.proposeEntry(ctx, &Entry{Type: EntryMemberAddr, ID: id, GRPCAddr: grpcAddr})
@@ -148,6 +168,44 @@ func (n *Node) Join(ctx context.Context, id, raftAddr, grpcAddr string, voter bo
 	return index, nil
 }
 
+// removeMember removes member id from the raft configuration and its gRPC
+// address from the member table; it returns the log index of the last change.
+func (n *Node) removeMember(ctx context.Context, id string) (uint64, error) {
+	f := n.raft.RemoveServer(raft.ServerID(id), 0, 0)
+	if err := n.await(ctx, f); err != nil {
+		return 0, err
+	}
+	index := f.Index()
+	if _, ok := n.fsm.memberAddrs()[id]; ok {
+		_, i, err := n.proposeEntry(ctx, &Entry{Type: EntryMemberRemoved, ID: id})
+		if err != nil {
+			return 0, fmt.Errorf("forgetting %s's gRPC address: %w", id, err)
+		}
+		index = i
+	}
+	return index, nil
+}
+
+// handOver transfers leadership to another voter and returns a
+// *NotLeaderError (with cause) naming the new leader when it shows up soon, so
+// that the caller can send its request there at once.
+func (n *Node) handOver(ctx context.Context, cause error) error {
+	if err := n.await(ctx, n.raft.LeadershipTransfer()); err != nil {
+		return fmt.Errorf("raftstore: handing leadership over: %w", err)
+	}
+	for deadline := time.Now().Add(2 * n.cfg.ElectionTimeout); time.Now().Before(deadline); {
+		if lid, _ := n.Leader(); lid != "" && lid != n.cfg.NodeID {
+			break
+		}
+		select {
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return n.notLeader(cause)
+}
+
 // Leave removes node id from the cluster (leader only). Asked to remove itself,
 // the leader first hands leadership over and returns a *NotLeaderError naming
 // the new leader, to which the caller sends the request again. Removing an id that
@@ -157,34 +215,11 @@ func (n *Node) Leave(ctx context.Context, id string) (uint64, error) {
 		return 0, n.notLeader(nil)
 	}
 	if id == n.cfg.NodeID {
-		if err := n.await(ctx, n.raft.LeadershipTransfer()); err != nil {
-			return 0, fmt.Errorf("raftstore: handing leadership over before leaving: %w", err)
-		}
-		// Name the new leader in the error when it shows up soon, so the caller
-		// can forward the request at once.
-		for deadline := time.Now().Add(2 * n.cfg.ElectionTimeout); time.Now().Before(deadline); {
-			if lid, _ := n.Leader(); lid != "" && lid != n.cfg.NodeID {
-				break
-			}
-			select {
-			case <-time.After(10 * time.Millisecond):
-			case <-ctx.Done():
-				return 0, ctx.Err()
-			}
-		}
-		return 0, n.notLeader(fmt.Errorf("leadership handed over so that %s can be removed", id))
+		return 0, n.handOver(ctx, fmt.Errorf("leadership handed over so that %s can be removed", id))
 	}
-	f := n.raft.RemoveServer(raft.ServerID(id), 0, 0)
-	if err := n.await(ctx, f); err != nil {
+	index, err := n.removeMember(ctx, id)
+	if err != nil {
 		return 0, fmt.Errorf("raftstore: removing %s: %w", id, err)
-	}
-	index := f.Index()
-	if _, ok := n.fsm.memberAddrs()[id]; ok {
-		_, i, err := n.proposeEntry(ctx, &Entry{Type: EntryMemberRemoved, ID: id})
-		if err != nil {
-			return 0, fmt.Errorf("raftstore: forgetting %s's gRPC address: %w", id, err)
-		}
-		index = i
 	}
 	n.log.Info("member left", "id", id)
 	return index, nil
