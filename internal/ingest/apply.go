@@ -20,8 +20,9 @@ import (
 // Apply and RemoveWorker must be called from one goroutine (the apply loop); Cursor,
 // Cursors and the Index's readers may run concurrently with it.
 //
-// A fenced stream (FenceWorker: its worker was declared dead) takes only a batch that
-// starts a fresh stream (Reset); the others are dropped (ApplyResult.Fenced).
+// A fenced stream (FenceWorker: its worker was declared dead, or unregistered) takes
+// only a batch that starts a fresh stream (Reset); the others are dropped
+// (ApplyResult.Fenced).
 type Applier struct {
 	index *radix.Index
 	ops   []radix.Op // Apply's conversion buffer, reused: Apply runs on one goroutine

@@ -50,10 +50,10 @@ type Cursor struct {
 	Seq   uint64
 	Epoch uint64
 	// Fence, when not 0, says the stream's blocks were dropped from outside the
-	// stream (its worker was declared dead; the value is the log index of that
-	// decision): the Applier drops the stream's batches until one starts a fresh
-	// stream (Reset), and ingest starts the stream afresh when it sees a fence it
-	// has not acted on yet (see Applier.FenceWorker).
+	// stream (its worker was declared dead, or unregistered; the value is the
+	// log index of that decision): the Applier drops the stream's batches until
+	// one starts a fresh stream (Reset), and ingest starts the stream afresh
+	// when it sees a fence it has not acted on yet (see Applier.FenceWorker).
 	Fence uint64
 }
 

@@ -48,7 +48,8 @@
 // the engine restarted even when the seqs cannot tell (ObserveRestart). A seq
 // more than MaxSeqJump past the cursor is refused, never a reset.
 //
-// A stream whose worker was declared dead is fenced by the index (Cursor.Fence,
+// A stream whose worker was declared dead (or unregistered: the fence then
+// greets the next registration's stream) is fenced by the index (Cursor.Fence,
 // Applier.FenceWorker): its blocks are gone and the Applier takes only a batch
 // that starts a fresh stream. When a stream's runner sees a fence it has not
 // acted on (before each batch and when idle), it calls Tracker.Fresh: the next

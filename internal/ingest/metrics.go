@@ -25,7 +25,7 @@ import (
 //	kvindex_ingest_gaps_total{worker,dp_rank}             sequence gaps detected on live streams
 //	kvindex_ingest_replays_total{worker,reason,result}    replay requests: reason = gap|catch_up|restart, result = ok|failed|skipped
 //	kvindex_ingest_replayed_batches_total{worker,reason}  batches applied from replays
-//	kvindex_ingest_resets_total{worker,reason}            worker cleared: restart|gap|undecodable|catch_up|dead (a fresh stream after the worker was declared dead)
+//	kvindex_ingest_resets_total{worker,reason}            worker cleared: restart|gap|undecodable|catch_up|dead (a fresh stream after the worker was declared dead, or unregistered and registered again)
 //	kvindex_ingest_lag_seconds{worker,dp_rank}            engine timestamp of the last batch to its hand-off to the index
 //	kvindex_ingest_last_seq{worker,dp_rank}               seq of the last batch handed off
 //	kvindex_ingest_workers{source}                        registered workers by source: flag|file|registry|discovered

@@ -250,10 +250,10 @@ func (s *streamRunner) catchUp(ctx context.Context) error {
 }
 
 // checkFence starts the stream afresh when the index fenced it since the
-// runner last looked (its worker was declared dead and its blocks dropped;
-// Applier.FenceWorker): whatever the engine sends next is the first batch of
-// a new stream (Tracker.Fresh), caught up from the engine's replay buffer like
-// a stream the index does not know, and no gap is counted. A batch sent in
+// runner last looked (its worker was declared dead, or unregistered, and its
+// blocks dropped; Applier.FenceWorker): whatever the engine sends next is the
+// first batch of a new stream (Tracker.Fresh), caught up from the engine's
+// replay buffer like a stream the index does not know, and no gap is counted. A batch sent in
 // between is dropped by the fence, never applied on top of the dropped blocks.
 func (s *streamRunner) checkFence() {
 	f := s.env.cursors.Fence(s.key)
@@ -266,7 +266,7 @@ func (s *streamRunner) checkFence() {
 	s.started, s.fresh = false, true
 	s.setState(StateConnecting)
 	s.updateStats()
-	s.log.Info("the worker was declared dead and its blocks dropped: its stream starts afresh", "fence", c.Fence)
+	s.log.Info("the worker's blocks were dropped (declared dead, or unregistered): its stream starts afresh", "fence", c.Fence)
 }
 
 // handle applies one live batch per the Tracker's rules (see doc.go).

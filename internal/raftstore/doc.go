@@ -18,7 +18,10 @@
 // ErrInvalidEntry; proposals are decoded before they are proposed, so this
 // version never writes one. Apply is
 // deterministic, and the Applier's cursors make it idempotent per stream batch: a
-// batch at or behind its stream's cursor is dropped. Snapshots (snapshot.go) hold
+// batch at or behind its stream's cursor is dropped. Unregistering a worker fences
+// its cursors instead of deleting them, so that a batch submitted before and
+// committed after a new registration of the worker is dropped too (fsm.unregister).
+// Snapshots (snapshot.go) hold
 // all of the state; restoring one gives an index with the same Digest.
 //
 // # Leadership, batching, no loss

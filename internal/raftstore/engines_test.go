@@ -59,15 +59,7 @@ func TestLeaderKillSoakWithFakeEngines(t *testing.T) {
 		}
 	}()
 	runIngest := func(n *Node) {
-		mcfg := ingest.DefaultManagerConfig()
-		mcfg.Workers = specs
-		mcfg.DefaultBlockSize = 0
-		mcfg.PollInterval = 10 * time.Millisecond
-		mcfg.ReplayTimeout = time.Second
-		mgr, err := ingest.NewManager(mcfg, slog.New(slog.DiscardHandler), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		mgr := newEngineManager(t, specs)
 		managers[n] = mgr
 		ingestWG.Add(1)
 		go func() {
@@ -206,6 +198,22 @@ func TestLeaderKillSoakWithFakeEngines(t *testing.T) {
 	t.Logf("leader kills: %d; requests served: %d; event batches published: %d over %d streams; cached blocks compared: %d; "+
 		"lost: %d; applied twice: %d; re-proposed batches dropped by the cursors (max over replicas): %d; time to new leader: %v",
 		kills, total, published, len(last), cached, lost, dup, reproposed, failovers)
+}
+
+// newEngineManager returns an ingest Manager for fake engines (block sizes
+// from the events, quick polls and replays) following specs; the caller closes it.
+func newEngineManager(t *testing.T, specs []workerspec.Spec) *ingest.Manager {
+	t.Helper()
+	mcfg := ingest.DefaultManagerConfig()
+	mcfg.Workers = specs
+	mcfg.DefaultBlockSize = 0
+	mcfg.PollInterval = 10 * time.Millisecond
+	mcfg.ReplayTimeout = time.Second
+	mgr, err := ingest.NewManager(mcfg, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mgr
 }
 
 func startFakeEngine(t *testing.T, dpSize int) *fakeengine.Engine {

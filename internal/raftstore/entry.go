@@ -28,7 +28,8 @@ import (
 //	  EntryRegisterWorker: an workerspec.Spec: id, model, block size, dp size,
 //	      events endpoint, topic, replay endpoint, HTTP endpoint, role, label count,
 //	      (key, value)... with keys ascending
-//	  EntryUnregisterWorker, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive: id
+//	  EntryUnregisterWorker, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive,
+//	  EntryUnregisterFenced: id
 //	  EntryReplaceWorker: the expected spec, then the new one (as in EntryRegisterWorker)
 //	  EntryMemberAddr: id, gRPC address
 //
@@ -59,12 +60,18 @@ type EntryType uint8
 const (
 	EntryStreamBatches    EntryType = 1 // ingest.StreamBatches of one or more streams
 	EntryRegisterWorker   EntryType = 2 // add a worker to the registry
-	EntryUnregisterWorker EntryType = 3 // remove a worker and every block it holds
+	EntryUnregisterWorker EntryType = 3 // remove a worker, every block it holds and its cursors (older builds; now EntryUnregisterFenced)
 	EntryMemberAddr       EntryType = 4 // a cluster member's gRPC address
 	EntryMemberRemoved    EntryType = 5 // forget a member's gRPC address
 	EntryReplaceWorker    EntryType = 6 // compare-and-set of a registered worker's spec
 	EntryWorkerDead       EntryType = 7 // a worker's health endpoint failed: drop its blocks, fence its streams
 	EntryWorkerAlive      EntryType = 8 // a dead worker's health endpoint answers again
+	// EntryUnregisterFenced removes a worker and every block it holds, as
+	// EntryUnregisterWorker did, but fences its streams' cursors instead of
+	// deleting them (fsm.unregister says why). A new type, not a new meaning
+	// of EntryUnregisterWorker, so that a member of an older build stops on it
+	// rather than diverge, and logs written before it replay as they applied.
+	EntryUnregisterFenced EntryType = 9
 )
 
 func (t EntryType) String() string {
@@ -85,6 +92,8 @@ func (t EntryType) String() string {
 		return "worker-dead"
 	case EntryWorkerAlive:
 		return "worker-alive"
+	case EntryUnregisterFenced:
+		return "unregister-worker-fenced"
 	}
 	return fmt.Sprintf("entry-type(%d)", uint8(t))
 }
@@ -114,7 +123,7 @@ type Entry struct {
 	Batches   []ingest.StreamBatch // EntryStreamBatches
 	Worker    workerspec.Spec      // EntryRegisterWorker, EntryReplaceWorker (the new spec)
 	Expected  workerspec.Spec      // EntryReplaceWorker: the spec it replaces
-	ID        string               // EntryUnregisterWorker, EntryMemberAddr, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive
+	ID        string               // EntryUnregisterWorker, EntryUnregisterFenced, EntryMemberAddr, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive
 	GRPCAddr  string               // EntryMemberAddr
 }
 
@@ -148,7 +157,7 @@ func EncodeEntry(dst []byte, e *Entry) ([]byte, error) {
 			return dst, fmt.Errorf("%w: replacing worker %q with %q: the id cannot change", ErrInvalidWorker, e.Expected.ID, e.Worker.ID)
 		}
 		dst = appendWorker(appendWorker(appendHeader(dst, e.Type), &e.Expected), &e.Worker)
-	case EntryUnregisterWorker, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive:
+	case EntryUnregisterWorker, EntryUnregisterFenced, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive:
 		if err := checkLen(e.Type, "id", e.ID, 1, maxNameLen); err != nil {
 			return dst, err
 		}
@@ -334,7 +343,7 @@ func DecodeEntry(data []byte) (Entry, error) {
 		if d.err == nil && e.Expected.ID != e.Worker.ID {
 			d.refuse("replacing worker %.64q with %.64q", e.Expected.ID, e.Worker.ID)
 		}
-	case EntryUnregisterWorker, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive:
+	case EntryUnregisterWorker, EntryUnregisterFenced, EntryMemberRemoved, EntryWorkerDead, EntryWorkerAlive:
 		e.ID = d.name("id")
 	case EntryMemberAddr:
 		e.ID = d.name("id")

@@ -56,6 +56,7 @@ func TestEntryRoundTrip(t *testing.T) {
 		{"register", Entry{Type: EntryRegisterWorker, Worker: sampleWorker()}},
 		{"register without labels", Entry{Type: EntryRegisterWorker, Worker: workerspec.Spec{ID: "w", Model: "m", BlockSize: 32}}},
 		{"unregister", Entry{Type: EntryUnregisterWorker, ID: "vllm-0"}},
+		{"unregister, fencing", Entry{Type: EntryUnregisterFenced, ID: "vllm-0"}},
 		{"replace", Entry{Type: EntryReplaceWorker, Expected: sampleWorker(), Worker: workerspec.Spec{ID: "vllm-0", Model: "m", DPSize: 4}}},
 		{"member address", Entry{Type: EntryMemberAddr, ID: "node-2", GRPCAddr: "10.0.0.2:7070"}},
 		{"worker dead", Entry{Type: EntryWorkerDead, ID: "vllm-0"}},
@@ -102,13 +103,14 @@ func TestEntryDropsParentWithoutHasParent(t *testing.T) {
 // (which needs a new version byte).
 func TestEntryGolden(t *testing.T) {
 	entries := map[string]Entry{
-		"batches":    {Type: EntryStreamBatches, Batches: sampleBatches()},
-		"register":   {Type: EntryRegisterWorker, Worker: sampleWorker()},
-		"unregister": {Type: EntryUnregisterWorker, ID: "vllm-0"},
-		"replace":    {Type: EntryReplaceWorker, Expected: sampleWorker(), Worker: workerspec.Spec{ID: "vllm-0", Model: "m", DPSize: 4}},
-		"member":     {Type: EntryMemberAddr, ID: "node-2", GRPCAddr: "10.0.0.2:7070"},
-		"dead":       {Type: EntryWorkerDead, ID: "vllm-0"},
-		"alive":      {Type: EntryWorkerAlive, ID: "vllm-0"},
+		"batches":           {Type: EntryStreamBatches, Batches: sampleBatches()},
+		"register":          {Type: EntryRegisterWorker, Worker: sampleWorker()},
+		"unregister":        {Type: EntryUnregisterWorker, ID: "vllm-0"},
+		"unregister_fenced": {Type: EntryUnregisterFenced, ID: "vllm-0"},
+		"replace":           {Type: EntryReplaceWorker, Expected: sampleWorker(), Worker: workerspec.Spec{ID: "vllm-0", Model: "m", DPSize: 4}},
+		"member":            {Type: EntryMemberAddr, ID: "node-2", GRPCAddr: "10.0.0.2:7070"},
+		"dead":              {Type: EntryWorkerDead, ID: "vllm-0"},
+		"alive":             {Type: EntryWorkerAlive, ID: "vllm-0"},
 	}
 	for name, e := range entries {
 		t.Run(name, func(t *testing.T) {
@@ -332,7 +334,7 @@ func rawIDEntry(t EntryType, id string) []byte {
 // limits (1024 and 64 KiB) and step over them.
 func FuzzEncodeEntry(f *testing.F) {
 	for _, n := range []uint32{0, 1, maxNameLen - 1, maxNameLen, maxNameLen + 1} {
-		for typ := range uint8(9) {
+		for typ := range uint8(10) {
 			f.Add(typ, "w", n, "a:1", uint32(3))
 		}
 	}

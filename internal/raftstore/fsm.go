@@ -38,8 +38,9 @@ const (
 	// BatchOfRemovedWorker: the batch's worker was unregistered since, so it was
 	// dropped (it was in flight when the worker left).
 	BatchOfRemovedWorker
-	// BatchFenced: the batch's stream is fenced (its worker was declared dead)
-	// and the batch does not start a fresh stream, so it was dropped.
+	// BatchFenced: the batch's stream is fenced (its worker was declared dead,
+	// or unregistered since the batch was submitted) and the batch does not
+	// start a fresh stream, so it was dropped.
 	BatchFenced
 )
 
@@ -204,7 +205,9 @@ func (f *fsm) Apply(l *raft.Log) any {
 	case EntryRegisterWorker:
 		res.Err = f.register(e.Worker)
 	case EntryUnregisterWorker:
-		res.Err = f.unregister(e.ID, l.Index)
+		res.Err = f.unregister(e.ID, l.Index, false)
+	case EntryUnregisterFenced:
+		res.Err = f.unregister(e.ID, l.Index, true)
 	case EntryReplaceWorker:
 		res.Err = f.replace(e.Expected, e.Worker)
 	case EntryWorkerDead:
@@ -328,7 +331,20 @@ func (f *fsm) replace(expected, w workerspec.Spec) error {
 	return nil
 }
 
-func (f *fsm) unregister(id string, index uint64) error {
+// unregister removes worker id and its blocks at log index index, and keeps
+// its id as a tombstone (see fsm.tombstones). With fence (EntryUnregisterFenced)
+// its streams' cursors stay, fenced at index, as FenceWorker leaves a dead
+// worker's: a batch of the worker proposed before the removal can still commit
+// after the worker is registered again (Submit returns before its batch is
+// proposed, admin entries are proposed at once), and with no cursor left it
+// would be applied and set its stream's cursor back to the old registration's
+// epoch, behind which every batch of the new registration's stream, started
+// without a cursor at epoch 0, was then dropped as a duplicate. Fenced, the old
+// batch is dropped, and ingest starts the new stream afresh in an epoch above
+// the old one (checkFence). Without fence (EntryUnregisterWorker, written by
+// older builds) the cursors go, as they did when the entry was written. A
+// forgotten tombstone takes its worker's cursors with it, so they stay bounded.
+func (f *fsm) unregister(id string, index uint64, fence bool) error {
 	f.mu.Lock()
 	if _, ok := f.workers[id]; !ok {
 		f.mu.Unlock()
@@ -337,6 +353,7 @@ func (f *fsm) unregister(id string, index uint64) error {
 	delete(f.workers, id)
 	delete(f.dead, id)
 	f.tombstones[id] = index
+	forgotten := ""
 	if len(f.tombstones) > maxTombstones {
 		oldest, at := "", uint64(0)
 		for w, i := range f.tombstones {
@@ -345,10 +362,19 @@ func (f *fsm) unregister(id string, index uint64) error {
 			}
 		}
 		delete(f.tombstones, oldest)
+		forgotten = oldest
 	}
 	list := f.workerListLocked()
 	f.mu.Unlock()
-	f.applier.RemoveWorker(id)
+	if fence {
+		f.applier.FenceWorker(id, index)
+	} else {
+		f.applier.RemoveWorker(id)
+	}
+	if forgotten != "" {
+		// Not registered, so it holds no block: only its fenced cursors go.
+		f.applier.RemoveWorker(forgotten)
+	}
 	if f.onRemoved != nil {
 		f.onRemoved(index, id)
 	}

@@ -203,9 +203,10 @@ func TestFSMRegistry(t *testing.T) {
 }
 
 // TestFSMUnregisterDropsBlocksAndLateBatches checks that unregistering a worker
-// removes its blocks and cursors, that its batches committed after the removal
-// (in flight when it happened) are dropped, and that registering it again lets
-// its batches in.
+// as older builds did (EntryUnregisterWorker, replayed from their logs) removes
+// its blocks and cursors, that its batches committed after the removal (in
+// flight when it happened) are dropped, and that registering it again lets its
+// batches in.
 func TestFSMUnregisterDropsBlocksAndLateBatches(t *testing.T) {
 	f := newTestFSM(t, nil)
 	empty := f.applier.Index().Digest()
@@ -232,6 +233,71 @@ func TestFSMUnregisterDropsBlocksAndLateBatches(t *testing.T) {
 	applyEntry(t, f, 5, Entry{Type: EntryRegisterWorker, Worker: sampleWorker()})
 	if r := applyEntry(t, f, 6, batchesEntry(stored(4))); r.Applied != 1 {
 		t.Errorf("batch after registering again: %+v, want applied", r)
+	}
+}
+
+// TestFSMBatchOfAnOldRegistrationCannotSwallowTheNewStream: a batch proposed
+// before its worker was unregistered can commit after the worker is registered
+// again (Submit returns before its batch is proposed; admin entries are
+// proposed at once). It must neither bring the old registration's blocks back
+// nor move the stream's cursor where the new registration's batches would be
+// taken for duplicates: the unregistration leaves the cursor fenced, so the old
+// batch is dropped and the new stream, which ingest starts afresh one epoch
+// above the fenced cursor, gets in.
+func TestFSMBatchOfAnOldRegistrationCannotSwallowTheNewStream(t *testing.T) {
+	f := newTestFSM(t, nil)
+	s := ws("w", 0)
+	w := workerspec.Spec{ID: "w", Model: "m"}
+	held := func() int { return f.applier.Index().HeldBlocks(s) }
+	applyEntry(t, f, 1, Entry{Type: EntryRegisterWorker, Worker: w})
+	if r := applyEntry(t, f, 2, batchesEntry(stored(s, 3, 10, false, 1))); r.Applied != 1 {
+		t.Fatalf("first batch: %s", fmtOutcome(r))
+	}
+	applyEntry(t, f, 3, Entry{Type: EntryUnregisterFenced, ID: "w"})
+	if c, ok := f.applier.Cursor(s); !ok || c.Fence != 3 || c.Epoch != 3 {
+		t.Fatalf("cursor after the unregistration %+v, %v; want epoch 3 fenced at 3", c, ok)
+	}
+	if held() != 0 {
+		t.Fatalf("the unregistered worker holds %d blocks", held())
+	}
+	if r := applyEntry(t, f, 4, batchesEntry(stored(s, 3, 11, false, 2))); r.OfRemovedWorkers != 1 {
+		t.Fatalf("batch while unregistered: %+v, want dropped as of a removed worker", r)
+	}
+	applyEntry(t, f, 5, Entry{Type: EntryRegisterWorker, Worker: w})
+	if r := applyEntry(t, f, 6, batchesEntry(stored(s, 3, 12, false, 3))); r.Fenced != 1 || held() != 0 {
+		t.Fatalf("old registration's batch committed after the new registration: %s, %d blocks held; want fenced, none", fmtOutcome(r), held())
+	}
+	// What ingest sends for the new registration: it finds the fence and
+	// starts the stream afresh (Tracker.Fresh) one epoch above the cursor.
+	c, _ := f.applier.Cursor(s)
+	for i, b := range []ingest.StreamBatch{stored(s, c.Epoch+1, 0, true, 100), stored(s, c.Epoch+1, 1, false, 101)} {
+		if r := applyEntry(t, f, uint64(7+i), batchesEntry(b)); r.Applied != 1 {
+			t.Fatalf("new registration's batch %d: %s, want applied", i, fmtOutcome(r))
+		}
+	}
+	if held() != 2 {
+		t.Errorf("the new registration holds %d blocks, want 2", held())
+	}
+}
+
+// TestSnapshotKeepsTheFencesOfUnregisteredWorkers: a replica restored from a
+// snapshot taken between an unregistration and the worker's new registration
+// drops the late batch of the old registration as the others do.
+func TestSnapshotKeepsTheFencesOfUnregisteredWorkers(t *testing.T) {
+	src := newTestFSM(t, nil)
+	s, w := ws("w", 0), workerspec.Spec{ID: "w", Model: "m"}
+	applyEntry(t, src, 1, Entry{Type: EntryRegisterWorker, Worker: w})
+	applyEntry(t, src, 2, batchesEntry(stored(s, 3, 10, false, 1)))
+	applyEntry(t, src, 3, Entry{Type: EntryUnregisterFenced, ID: "w"})
+	dst := newTestFSM(t, nil)
+	if err := dst.Restore(io.NopCloser(bytes.NewReader(snapshotBytes(t, src)))); err != nil {
+		t.Fatal(err)
+	}
+	for name, f := range map[string]*fsm{"original": src, "restored": dst} {
+		applyEntry(t, f, 4, Entry{Type: EntryRegisterWorker, Worker: w})
+		if r := applyEntry(t, f, 5, batchesEntry(stored(s, 3, 11, false, 2))); r.Fenced != 1 {
+			t.Errorf("%s: late batch of the old registration: %s, want fenced", name, fmtOutcome(r))
+		}
 	}
 }
 
@@ -266,7 +332,9 @@ func TestFSMForgetsOldestTombstone(t *testing.T) {
 		index++
 		applyEntry(t, f, index, Entry{Type: EntryRegisterWorker, Worker: w})
 		index++
-		if r := applyEntry(t, f, index, Entry{Type: EntryUnregisterWorker, ID: w.ID}); r.Err != nil {
+		applyEntry(t, f, index, batchesEntry(ingest.StreamBatch{Stream: ws(w.ID, 0), Seq: 1}))
+		index++
+		if r := applyEntry(t, f, index, Entry{Type: EntryUnregisterFenced, ID: w.ID}); r.Err != nil {
 			t.Fatal(r.Err)
 		}
 	}
@@ -276,8 +344,16 @@ func TestFSMForgetsOldestTombstone(t *testing.T) {
 	if _, ok := f.tombstones["w00000"]; ok {
 		t.Error("the oldest tombstone was kept")
 	}
+	// Each unregistered worker's fenced cursor stays as long as its
+	// tombstone, and no longer.
+	if n := len(f.applier.Cursors()); n != maxTombstones {
+		t.Errorf("%d cursors, want %d: one per remembered tombstone", n, maxTombstones)
+	}
+	if _, ok := f.applier.Cursor(ws("w00000", 0)); ok {
+		t.Error("the forgotten worker's cursor was kept")
+	}
 	index++
-	if r := applyEntry(t, f, index, batchesEntry(ingest.StreamBatch{Stream: ws("w00000", 0)})); r.Applied != 1 {
+	if r := applyEntry(t, f, index, batchesEntry(ingest.StreamBatch{Stream: ws("w00000", 0), Seq: 2})); r.Applied != 1 {
 		t.Errorf("batch of the forgotten worker: %+v, want applied", r)
 	}
 }

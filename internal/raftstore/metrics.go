@@ -57,7 +57,7 @@ func newMetrics() *metrics {
 		batchesApplied:       c("applied_batches_total", "Stream batches applied to the index."),
 		batchesDuplicate:     c("duplicate_batches_total", "Committed stream batches dropped because their stream had already applied them."),
 		batchesRemovedWorker: c("removed_worker_batches_total", "Committed stream batches dropped because their worker was unregistered."),
-		batchesFenced:        c("fenced_batches_total", "Committed stream batches dropped because their worker was declared dead and they do not start a fresh stream."),
+		batchesFenced:        c("fenced_batches_total", "Committed stream batches dropped because their stream is fenced (its worker was declared dead, or unregistered since they were submitted) and they do not start a fresh stream."),
 		opErrors:             c("apply_op_errors_total", "Ops of applied stream batches that the index refused."),
 		ignoredEntries:       c("ignored_entries_total", "Log entries of an unknown type marked ignorable, skipped."),
 		refusedEntries:       c("refused_entries_total", "Committed log entries applied as no-ops because a value breaks the log format's limits (an empty or over-long id, an over-long address: written by a version that did not check them)."),

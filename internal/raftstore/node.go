@@ -627,9 +627,11 @@ func (n *Node) ReplaceWorker(ctx context.Context, expected, w workerspec.Spec) (
 
 // UnregisterWorker removes worker id from the registry and its blocks from the
 // index, on every replica (leader only). Batches of the worker still in flight are
-// dropped when they commit. Unknown ids fail with ErrUnknownWorker.
+// dropped when they commit, even after the worker is registered again: its
+// streams stay fenced until each starts afresh. Unknown ids fail with
+// ErrUnknownWorker.
 func (n *Node) UnregisterWorker(ctx context.Context, id string) (uint64, error) {
-	_, index, err := n.proposeEntry(ctx, &Entry{Type: EntryUnregisterWorker, ID: id})
+	_, index, err := n.proposeEntry(ctx, &Entry{Type: EntryUnregisterFenced, ID: id})
 	return index, err
 }
 
