@@ -178,42 +178,50 @@ func (f *fsm) Apply(l *raft.Log) any {
 	if err := f.err(); err != nil {
 		return ApplyResult{Err: err}
 	}
+	var res ApplyResult
 	e, err := DecodeEntry(l.Data)
-	if err != nil {
-		if errors.Is(err, ErrUnknownEntryType) && e.Ignorable {
-			f.metrics.ignoredEntries.Inc()
-			f.log.Warn("skipping log entry of unknown ignorable type", "index", l.Index, "type", e.Type)
-			f.setApplied(l.Index)
-			return ApplyResult{}
-		}
-		if errors.Is(err, ErrInvalidEntry) {
-			// Well formed, but beyond the format's limits: written by a version
-			// that did not check them (an unregister of an over-long id).
-			// Stopping would stop every replica, and again at every restart,
-			// since the entry stays in the log; the entry changes nothing instead.
-			f.metrics.refusedEntries.Inc()
-			f.log.Warn("refusing log entry beyond the format's limits: applied as a no-op", "index", l.Index, "type", e.Type, "err", err)
-			f.setApplied(l.Index)
-			return ApplyResult{Err: fmt.Errorf("log index %d: %w", l.Index, err)}
-		}
+	switch {
+	case err == nil:
+		res = f.apply(l.Index, &e)
+	case errors.Is(err, ErrUnknownEntryType) && e.Ignorable:
+		f.metrics.ignoredEntries.Inc()
+		f.log.Warn("skipping log entry of unknown ignorable type", "index", l.Index, "type", e.Type)
+	case errors.Is(err, ErrInvalidEntry):
+		// Well formed, but beyond the format's limits: written by a version
+		// that did not check them (an unregister of an over-long id).
+		// Stopping would stop every replica, and again at every restart,
+		// since the entry stays in the log; the entry changes nothing instead.
+		f.metrics.refusedEntries.Inc()
+		f.log.Warn("refusing log entry beyond the format's limits: applied as a no-op", "index", l.Index, "type", e.Type, "err", err)
+		res.Err = fmt.Errorf("log index %d: %w", l.Index, err)
+	default:
 		return ApplyResult{Err: f.stop(fmt.Errorf("log index %d: %w", l.Index, err))}
 	}
+	if f.afterEntry != nil {
+		f.afterEntry(l.Index)
+	}
+	f.setApplied(l.Index)
+	return res
+}
+
+// apply applies decoded entry e, committed at index.
+func (f *fsm) apply(index uint64, e *Entry) ApplyResult {
 	var res ApplyResult
 	switch e.Type {
 	case EntryStreamBatches:
-		res = f.applyBatches(l.Index, e.Batches)
+		res = f.applyBatches(index, e.Batches)
 	case EntryRegisterWorker:
 		res.Err = f.register(e.Worker)
 	case EntryUnregisterWorker:
-		res.Err = f.unregister(e.ID, l.Index, false)
+		res.Err = f.unregister(e.ID, index, false)
 	case EntryUnregisterFenced:
-		res.Err = f.unregister(e.ID, l.Index, true)
+		res.Err = f.unregister(e.ID, index, true)
 	case EntryReplaceWorker:
 		res.Err = f.replace(e.Expected, e.Worker)
 	case EntryWorkerDead:
-		res.Err = f.setDead(e.ID, l.Index, true)
+		res.Err = f.setDead(e.ID, index, true)
 	case EntryWorkerAlive:
-		res.Err = f.setDead(e.ID, l.Index, false)
+		res.Err = f.setDead(e.ID, index, false)
 	case EntryMemberAddr:
 		f.mu.Lock()
 		f.members[e.ID] = e.GRPCAddr
@@ -223,10 +231,6 @@ func (f *fsm) Apply(l *raft.Log) any {
 		delete(f.members, e.ID)
 		f.mu.Unlock()
 	}
-	if f.afterEntry != nil {
-		f.afterEntry(l.Index)
-	}
-	f.setApplied(l.Index)
 	return res
 }
 

@@ -14,7 +14,8 @@ import (
 // the index before the batch, OnBatch after it, neither runs BeforeBatch for a
 // batch of an unregistered worker, OnWorkerRemoved runs once the worker's
 // blocks are gone, with the entry's index, and AfterEntry once per entry after
-// every other hook of it (an entry of two batches included).
+// every other hook of it (an entry of two batches included), entries that
+// change nothing (refused, skipped) included.
 func TestFSMApplyHooks(t *testing.T) {
 	f := newTestFSM(t, nil)
 	var calls []string
@@ -40,6 +41,8 @@ func TestFSMApplyHooks(t *testing.T) {
 		ingest.StreamBatch{Stream: ws("w", 1), Seq: 1, Ops: []ingest.Op{stored}}))
 	applyEntry(t, f, 4, Entry{Type: EntryUnregisterWorker, ID: "w"})
 	applyEntry(t, f, 5, batchesEntry(ingest.StreamBatch{Stream: ws("w", 0), Seq: 2, Ops: []ingest.Op{stored}}))
+	applyData(f, 6, rawIDEntry(EntryUnregisterWorker, ""))               // refused: a no-op
+	applyData(f, 7, []byte{entryVersion, ignorableFlag | 0x33, 1, 2, 3}) // skipped
 	want := []string{
 		"entry 1 applied 0",
 		"before 2 w/0 seq 1 residencies 0",
@@ -54,6 +57,8 @@ func TestFSMApplyHooks(t *testing.T) {
 		"entry 4 applied 3",
 		"after 5 w/0 seq 2 removed-worker residencies 0",
 		"entry 5 applied 4",
+		"entry 6 applied 5",
+		"entry 7 applied 6",
 	}
 	if !slices.Equal(calls, want) {
 		t.Errorf("hook calls:\n%q\nwant\n%q", calls, want)
