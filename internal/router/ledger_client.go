@@ -25,9 +25,11 @@ import (
 // Report stream to the indexer leader carrying this router's load per target
 // (what changed, every --ledger-interval) and the decisions and session
 // bindings it made; back come the other routers' summed loads and decisions.
-// A decision then sees local + remote load, so N routers route as one would,
-// and the other routers' predicted prefixes enter this router's overlay, so a
-// burst split over routers still co-locates.
+// A decision then sees local + remote load, so N routers route as one would
+// (the busy thresholds included: a view showing the others' load going down
+// wakes the requests queued for it, as a local release does), and the other
+// routers' predicted prefixes enter this router's overlay, so a burst split
+// over routers still co-locates.
 //
 // While the stream is down (no indexer, an election, a network fault) the
 // remote view is empty: the router routes on its own load, and
@@ -153,7 +155,9 @@ func (f *fleetLedger) run(ctx context.Context) {
 			f.downSince.Store(f.r.now().UnixNano())
 			backoff = 50 * time.Millisecond // it was up: reconnect at once
 		}
-		f.remote.Store(nil)
+		if f.remote.Swap(nil) != nil {
+			f.r.ledger.wake() // the others' load no longer counts: waiters may fit now
+		}
 		m.ledgerConnected.Set(0)
 		if ctx.Err() != nil {
 			return
@@ -291,8 +295,14 @@ func (f *fleetLedger) receive(stream kvindexv1.LoadService_ReportClient) error {
 				next[t] = l
 			}
 		}
+		down := wentDown(view, next)
 		view = next
 		f.remote.Store(&next)
+		if down {
+			// Requests queued because of the others' load decide again, as they
+			// do when this router's own load goes down.
+			f.r.ledger.wake()
+		}
 		now := f.r.now()
 		f.lastPush.Store(now.UnixNano())
 		for _, p := range resp.Predicted {
@@ -313,6 +323,18 @@ func (f *fleetLedger) receive(stream kvindexv1.LoadService_ReportClient) error {
 			}
 		}
 	}
+}
+
+// wentDown reports whether any target's load in after is below before's in any
+// of its terms (a target missing from after has none).
+func wentDown(before, after map[Target]Load) bool {
+	for t, b := range before {
+		a := after[t]
+		if a.InFlight < b.InFlight || a.PrefillTokens < b.PrefillTokens || a.DecodeBlocks < b.DecodeBlocks {
+			return true
+		}
+	}
+	return false
 }
 
 // staleness is how old the remote view is; -1 while disconnected.

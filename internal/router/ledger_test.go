@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -437,5 +438,100 @@ func TestLedgerOutboxSendsTheTTLLeftAndIsBoundedInKeys(t *testing.T) {
 	pred, _ = f.takeOutbox()
 	if len(pred) != perPrompt || pred[0].Worker != "3" || pred[len(pred)-1].Worker != fmt.Sprint(perPrompt+2) {
 		t.Errorf("kept %d predictions from %s on, want the newest %d", len(pred), pred[0].Worker, perPrompt)
+	}
+}
+
+// --max-pending counts the fleet's load, so a request may queue at one router
+// because of another router's request; it must be served as soon as that load
+// stops counting, not left to wait out --queue-timeout for a 429: when the other
+// router's request ends (the ledger's view shows the load going down), and when
+// the ledger becomes unreachable (the others' load no longer counts at all).
+func TestRequestQueuedOnAnotherRoutersLoadIsServedWhenThatLoadGoes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		hold time.Duration // router 0's request, on the engine
+		// release is called once router 1's request is queued: it makes router
+		// 0's load stop counting (nothing to do when that request just ends).
+		release func(ix *indexer)
+		// whileHeld: router 1's request is served while router 0's still runs.
+		whileHeld bool
+	}{
+		{name: "the other router's request ends", hold: 2 * time.Second, release: func(*indexer) {}},
+		{name: "the ledger becomes unreachable", hold: 8 * time.Second, release: func(ix *indexer) { ix.stop() }, whileHeld: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := startFleet(t, 1, func(_ int, c *fakeengine.Config) { c.Faults.HangBeforeFirstToken = tc.hold })
+			ix := startIndexer(t, f)
+			rs := startRouters(t, 2, f, ix, func(c *Config) {
+				c.MaxPending = 1
+				c.QueueTimeout = 30 * time.Second // far beyond either case's wait
+			})
+			w0 := Target{Worker: "w0"}
+			held := make(chan int, 1)
+			go func() {
+				code, _, _ := post(t, rs[0].url, "/v1/completions", completionBody("held by router 0", 1))
+				held <- code
+			}()
+			waitFor(t, 10*time.Second, "router 1 to see router 0's request", func() bool { return rs[1].loadOf(w0).InFlight == 1 })
+			// Router 1's own request hangs no longer than it takes to answer.
+			faults := f.engines["w0"].Faults()
+			faults.HangBeforeFirstToken = 0
+			if err := f.engines["w0"].SetFaults(faults); err != nil {
+				t.Fatal(err)
+			}
+			queued := make(chan int, 1)
+			go func() {
+				code, _, _ := post(t, rs[1].url, "/v1/completions", completionBody("queued at router 1", 1))
+				queued <- code
+			}()
+			waitFor(t, 5*time.Second, "router 1's request to queue", func() bool { return rs[1].adm.depth() == 1 })
+			tc.release(ix)
+			if code := <-queued; code != http.StatusOK {
+				t.Fatalf("router 1's request: %d, want 200: it was queued behind load that stopped counting long before --queue-timeout", code)
+			}
+			if tc.whileHeld && rs[0].ledger.Load(w0).InFlight != 1 {
+				t.Fatalf("router 0's request ended before router 1's was served: the case did not test the ledger going away")
+			}
+			if code := <-held; code != http.StatusOK {
+				t.Fatalf("router 0's request: %d", code)
+			}
+			if n := testutil.ToFloat64(rs[1].metrics.rejected.WithLabelValues("queue_timeout")); n != 0 {
+				t.Fatalf("router 1 rejected %v requests for the queue timeout, want none", n)
+			}
+			for _, r := range rs {
+				r.assertNoLoad(t, f.ids)
+			}
+		})
+	}
+}
+
+// wentDown is what wakes requests queued on the other routers' load: any term
+// of any target lower, or a target gone, and nothing else.
+func TestRemoteViewWentDown(t *testing.T) {
+	a, b := Target{Worker: "a"}, Target{Worker: "b"}
+	base := map[Target]Load{a: {InFlight: 2, PrefillTokens: 10, DecodeBlocks: 5}, b: {InFlight: 1}}
+	with := func(t Target, l Load) map[Target]Load {
+		m := maps.Clone(base)
+		m[t] = l
+		return m
+	}
+	for _, c := range []struct {
+		name  string
+		after map[Target]Load
+		want  bool
+	}{
+		{"unchanged", base, false},
+		{"up", with(a, Load{InFlight: 3, PrefillTokens: 20, DecodeBlocks: 6}), false},
+		{"a new target", with(Target{Worker: "c"}, Load{InFlight: 1}), false},
+		{"fewer in flight", with(a, Load{InFlight: 1, PrefillTokens: 10, DecodeBlocks: 5}), true},
+		{"prefill done (first byte)", with(a, Load{InFlight: 2, DecodeBlocks: 5}), true},
+		{"fewer decode blocks", with(a, Load{InFlight: 2, PrefillTokens: 10, DecodeBlocks: 4}), true},
+		{"one down, another up", with(b, Load{}), true},
+		{"a target gone", map[Target]Load{a: base[a]}, true},
+		{"everything gone", map[Target]Load{}, true},
+	} {
+		if got := wentDown(base, c.after); got != c.want {
+			t.Errorf("%s: wentDown = %v, want %v", c.name, got, c.want)
+		}
 	}
 }

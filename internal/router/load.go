@@ -39,7 +39,9 @@ type Ledger struct {
 	// routed to).
 	targets map[Target]*targetLoad    // guarded by mu
 	live    map[*Reservation]struct{} // guarded by mu
-	// changed is closed and replaced whenever load goes down, waking queued requests.
+	// changed is closed and replaced whenever load goes down (this router's, or
+	// the other routers' as the shared ledger reports it: wake), waking queued
+	// requests.
 	changed chan struct{} // guarded by mu
 
 	onDelta  func(worker string, inflight, prefillTokens, decodeBlocks int) // metrics hook; called under mu
@@ -184,6 +186,14 @@ func (l *Ledger) deltaLocked(t Target, before, after Load) {
 	}
 }
 
+// wake wakes everyone waiting on Changed for load held outside this ledger that
+// went down: the other routers' (fleetLedger), which decisions count as well.
+func (l *Ledger) wake() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.wakeLocked()
+}
+
 // wakeLocked wakes everyone waiting on Changed.
 func (l *Ledger) wakeLocked() {
 	close(l.changed)
@@ -239,7 +249,8 @@ func (l *Ledger) Loads() map[Target]Load {
 	return out
 }
 
-// Changed returns a channel closed the next time any load goes down.
+// Changed returns a channel closed the next time any load goes down: this
+// ledger's, or the other routers' (wake).
 func (l *Ledger) Changed() <-chan struct{} {
 	l.mu.Lock()
 	defer l.mu.Unlock()
