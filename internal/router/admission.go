@@ -3,6 +3,9 @@ package router
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -17,16 +20,18 @@ var (
 
 // admission is the bounded FIFO in front of a busy fleet. A request whose every
 // eligible candidate is excluded by a busy threshold or --max-pending waits here;
-// only the head of its pool's queue retries its decision, each time load goes
-// down, so waiters are served in arrival order. Each pool (the model's workers)
-// has its own FIFO, so a waiter for one model never holds up another model's;
-// --queue-size bounds all of them together. Safe for concurrent use.
+// only the head of its candidate set's queue retries its decision, each time load
+// goes down, so waiters for the same candidates are served in arrival order. Each
+// candidate set (queueKey) has its own FIFO, so a waiter whose candidates are busy
+// never holds up a request whose candidates are free (another model, another LoRA
+// adapter, another subset hint); --queue-size bounds all of them together. Safe
+// for concurrent use.
 type admission struct {
 	size    int
 	timeout time.Duration
 
 	mu     sync.Mutex
-	queues map[string][]chan struct{} // per pool, waiters in arrival order; a waiter's channel is closed when it becomes head; guarded by mu
+	queues map[string][]chan struct{} // per candidate set, waiters in arrival order; a waiter's channel is closed when it becomes head; guarded by mu
 	n      int                        // waiters in every queue; guarded by mu
 
 	onDepth func(int) // metrics hook; called under mu
@@ -36,23 +41,54 @@ func newAdmission(size int, timeout time.Duration) *admission {
 	return &admission{size: size, timeout: timeout, queues: map[string][]chan struct{}{}}
 }
 
-// admit runs decide until it is not errBusy, waiting in pool's queue in between.
-func (a *admission) admit(ctx context.Context, pool string, changed func() <-chan struct{}, decide func() (*Decision, error)) (*Decision, error) {
+// admit decides p's route (tried: the workers it already failed on), waiting in
+// the admission queue of its candidate set while every candidate is busy. A
+// request naming its worker (direct mode) never waits: its decision never finds
+// the worker busy, so it has nothing to wait for.
+func (r *Router) admit(ctx context.Context, p *prepared, tried map[string]bool) (*Decision, error) {
+	decide := func() (*Decision, error) { return r.decide(ctx, p, tried, false) }
+	if p.route.DirectWorker != "" {
+		return decide()
+	}
+	return r.adm.admit(ctx, queueKey(p, tried), r.ledger.Changed, decide)
+}
+
+// queueKey names the candidate set a request draws from, which its admission
+// queue is: the model as requested (a LoRA adapter's name when it asks for one;
+// with the fleet, it decides the pools and their roles), the EPP's subset hint,
+// and the workers the request already failed on (a retry's candidates are fewer).
+func queueKey(p *prepared, tried map[string]bool) string {
+	if p.subset == "" && len(tried) == 0 {
+		return p.route.Model
+	}
+	var b strings.Builder
+	b.WriteString(p.route.Model)
+	b.WriteString("\x00")
+	b.WriteString(p.subset)
+	for _, id := range slices.Sorted(maps.Keys(tried)) {
+		b.WriteString("\x00")
+		b.WriteString(id)
+	}
+	return b.String()
+}
+
+// admit runs decide until it is not errBusy, waiting in queue's FIFO in between.
+func (a *admission) admit(ctx context.Context, queue string, changed func() <-chan struct{}, decide func() (*Decision, error)) (*Decision, error) {
 	// Subscribe before deciding, so a release between the decision and the wait
 	// is not missed. A request arriving while others wait joins the queue at once:
 	// it must not take a slot that frees up from the one at the head.
 	ch := changed()
-	if a.waiting(pool) == 0 {
+	if a.waiting(queue) == 0 {
 		d, err := decide()
 		if !errors.Is(err, errBusy) {
 			return d, err
 		}
 	}
-	turn, err := a.enqueue(pool)
+	turn, err := a.enqueue(queue)
 	if err != nil {
 		return nil, err
 	}
-	defer a.leave(pool, turn)
+	defer a.leave(queue, turn)
 	deadline := time.NewTimer(a.timeout)
 	defer deadline.Stop()
 	// Wait to be head.
@@ -79,28 +115,28 @@ func (a *admission) admit(ctx context.Context, pool string, changed func() <-cha
 	}
 }
 
-func (a *admission) enqueue(pool string) (chan struct{}, error) {
+func (a *admission) enqueue(queue string) (chan struct{}, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.n >= a.size {
 		return nil, ErrQueueFull
 	}
 	turn := make(chan struct{})
-	q := a.queues[pool]
+	q := a.queues[queue]
 	if len(q) == 0 {
 		close(turn)
 	}
-	a.queues[pool] = append(q, turn)
+	a.queues[queue] = append(q, turn)
 	a.n++
 	a.depthLocked()
 	return turn, nil
 }
 
 // leave removes a waiter; when it was head, the next one's turn begins.
-func (a *admission) leave(pool string, turn chan struct{}) {
+func (a *admission) leave(queue string, turn chan struct{}) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	q := a.queues[pool]
+	q := a.queues[queue]
 	for i, t := range q {
 		if t == turn {
 			q = append(q[:i], q[i+1:]...)
@@ -112,9 +148,9 @@ func (a *admission) leave(pool string, turn chan struct{}) {
 		}
 	}
 	if len(q) == 0 {
-		delete(a.queues, pool)
+		delete(a.queues, queue)
 	} else {
-		a.queues[pool] = q
+		a.queues[queue] = q
 	}
 	a.depthLocked()
 }
@@ -132,9 +168,9 @@ func (a *admission) depth() int {
 	return a.n
 }
 
-// waiting is how many requests wait in pool's queue.
-func (a *admission) waiting(pool string) int {
+// waiting is how many requests wait in queue.
+func (a *admission) waiting(queue string) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.queues[pool])
+	return len(a.queues[queue])
 }

@@ -401,3 +401,113 @@ func TestAdmissionWaiterIsNotBlockedByAnotherModelsHead(t *testing.T) {
 	}
 	rt.assertNoLoad(t, f.ids)
 }
+
+// Requests share an admission queue exactly when they draw from the same
+// candidates: the model as requested (base or LoRA adapter), the EPP's subset
+// hint (in any order) and the workers already tried.
+func TestQueueKeyNamesTheCandidateSet(t *testing.T) {
+	req := func(model, subset string) *prepared {
+		return &prepared{route: RouteRequest{Model: model, BaseModel: testModel}, subset: subset}
+	}
+	for _, c := range []struct {
+		name   string
+		a, b   string
+		shared bool
+	}{
+		{"same model", queueKey(req(testModel, ""), nil), queueKey(req(testModel, ""), nil), true},
+		{"base model and its adapter", queueKey(req(testModel, ""), nil), queueKey(req("sql-adapter", ""), nil), false},
+		{"two adapters", queueKey(req("sql-adapter", ""), nil), queueKey(req("chat-adapter", ""), nil), false},
+		{"a hint and none", queueKey(req(testModel, "hint:10.0.0.1:8000"), nil), queueKey(req(testModel, ""), nil), false},
+		{"an empty hint and none", queueKey(req(testModel, "hint:"), nil), queueKey(req(testModel, ""), nil), false},
+		{"two hints", queueKey(req(testModel, "hint:10.0.0.1:8000"), nil), queueKey(req(testModel, "hint:10.0.0.2:8000"), nil), false},
+		{"a retry and a first try", queueKey(req(testModel, ""), map[string]bool{"w0": true}), queueKey(req(testModel, ""), nil), false},
+		{"retries after the same failures", queueKey(req(testModel, ""), map[string]bool{"w0": true, "w1": true}),
+			queueKey(req(testModel, ""), map[string]bool{"w1": true, "w0": true}), true},
+		{"retries after different failures", queueKey(req(testModel, ""), map[string]bool{"w0": true}),
+			queueKey(req(testModel, ""), map[string]bool{"w1": true}), false},
+	} {
+		if got := c.a == c.b; got != c.shared {
+			t.Errorf("%s: keys %q and %q shared %v, want %v", c.name, c.a, c.b, got, c.shared)
+		}
+	}
+}
+
+// A request whose candidates are free is served at once, though a request for
+// other candidates waits: a base-model request with an idle worker must not
+// wait behind an adapter request whose only worker is full (head-of-line
+// blocking until that one is served or times out).
+func TestAdmissionRequestWithAFreeWorkerDoesNotWaitBehindAnAdaptersQueue(t *testing.T) {
+	const adapter = "sql-adapter"
+	f := startFleet(t, 2, func(i int, c *fakeengine.Config) {
+		if i == 0 {
+			c.LoRAModules = []string{adapter}
+			c.Faults.HangBeforeFirstToken = 4 * time.Second
+		}
+	})
+	cfg := testConfig(t, f)
+	cfg.MaxPending = 1
+	cfg.QueueTimeout = 20 * time.Second // the adapter's waiter is served when w0 frees, not timed out
+	rt := startRouter(t, cfg)
+	waitFor(t, 10*time.Second, "the router to learn w0's adapter", func() bool {
+		w := rt.fleet.View().byID["w0"]
+		_, ok := w.Serves(adapter)
+		return ok
+	})
+	body := fmt.Sprintf(`{"model":%q,"prompt":%s,"max_tokens":1}`, adapter, quote(words("lora", 20)))
+	codes := make(chan int, 2)
+	for i, what := range []string{"the first adapter request to hold w0", "the second to queue for w0"} {
+		go func() {
+			code, _, _ := post(t, rt.url, "/v1/completions", body)
+			codes <- code
+		}()
+		waitFor(t, 10*time.Second, what, func() bool {
+			return rt.ledger.Load(Target{Worker: "w0"}).InFlight == 1 && rt.adm.depth() == i
+		})
+	}
+	resp, raw := send(t, rt.url, "/v1/completions", completionBody(words("base", 20), 1))
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(HeaderServedBy) != "w1" {
+		t.Fatalf("base-model request: %d by %q (%s), want 200 by the idle w1", resp.StatusCode, resp.Header.Get(HeaderServedBy), raw)
+	}
+	if n := rt.adm.depth(); n != 1 {
+		t.Fatalf("%d waiting when the base-model request was answered, want the adapter's waiter still queued: the base-model request waited behind it", n)
+	}
+	for range 2 {
+		if c := <-codes; c != http.StatusOK {
+			t.Fatalf("an adapter request got %d, want both served on w0 in turn", c)
+		}
+	}
+	rt.assertNoLoad(t, f.ids)
+}
+
+// A request naming its worker (direct mode) is never busy, so it never waits in
+// the queue, not even behind a policy-routed request of its model that waits.
+func TestAdmissionDirectRequestNeverQueues(t *testing.T) {
+	f := startFleet(t, 1, func(_ int, c *fakeengine.Config) { c.Faults.HangBeforeFirstToken = 4 * time.Second })
+	cfg := testConfig(t, f)
+	cfg.Mode = ModeDirect
+	cfg.MaxPending = 1
+	cfg.QueueTimeout = 20 * time.Second
+	rt := startRouter(t, cfg)
+	w0 := Target{Worker: "w0"}
+	codes := make(chan int, 3)
+	postAsync := func(name string, header ...string) {
+		go func() {
+			code, _, _ := post(t, rt.url, "/v1/completions", completionBody(name, 1), header...)
+			codes <- code
+		}()
+	}
+	postAsync("held by the policy's pick")
+	waitFor(t, 10*time.Second, "the first request to hold w0", func() bool { return rt.ledger.Load(w0).InFlight == 1 })
+	postAsync("queued for the policy")
+	waitFor(t, 10*time.Second, "the second request to queue", func() bool { return rt.adm.depth() == 1 })
+	postAsync("direct to w0", "X-Worker-Instance-Id", "w0")
+	waitFor(t, 10*time.Second, "the direct request in flight beside the first while the second still waits", func() bool {
+		return rt.ledger.Load(w0).InFlight == 2 && rt.adm.depth() == 1
+	})
+	for range 3 {
+		if c := <-codes; c != http.StatusOK {
+			t.Fatalf("a request got %d, want all three served", c)
+		}
+	}
+	rt.assertNoLoad(t, f.ids)
+}

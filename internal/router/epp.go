@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -382,8 +383,9 @@ func (x *eppExchange) decide(headersOnly bool) []*extprocv3.ProcessingResponse {
 			allowed[e] = true
 		}
 		p.route.allow = func(w *Worker) bool { return allowed[endpointOf(w)] }
+		p.subset = "hint:" + strings.Join(slices.Sorted(maps.Keys(allowed)), ",")
 	}
-	d, err := x.r.adm.admit(x.ctx, p.route.BaseModel, x.r.ledger.Changed, func() (*Decision, error) { return x.r.decide(x.ctx, p, nil, false) })
+	d, err := x.r.admit(x.ctx, p, nil)
 	if err != nil {
 		switch {
 		case errors.Is(err, ErrUnknownModel) && len(x.r.fleet.Workers()) == 0:

@@ -567,3 +567,48 @@ func TestEPPPrefillWorkerHandsBackItsProbeAndLoadAtTheDecodesHeaders(t *testing.
 	}
 	rt.assertNoLoad(t, f.ids)
 }
+
+// Requests with different subset hints draw from different candidates, so they
+// queue apart: a request whose hinted endpoint is free is answered at once while
+// a request hinted to a full endpoint waits, and that one is served in turn.
+func TestEPPSubsetHintsQueueApart(t *testing.T) {
+	f := startFleet(t, 2, nil)
+	cfg := testConfig(t, f)
+	cfg.MaxPending = 1
+	cfg.QueueTimeout = 10 * time.Second
+	rt, client, _ := startEPP(t, cfg)
+	w0 := strings.TrimPrefix(f.engines["w0"].URL(), "http://")
+	w1 := strings.TrimPrefix(f.engines["w1"].URL(), "http://")
+	destination := func(a eppAnswer) string {
+		if a.immediate != nil {
+			return "immediate " + a.immediate.Status.Code.String()
+		}
+		return a.header[EPPDestinationHeader]
+	}
+
+	hold := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+	if d := destination(hold.request("/v1/completions", completionBody("holds w0", 2), subsetMetadata(w0))); d != w0 {
+		t.Fatalf("the first request hinted to w0 went to %q", d)
+	}
+	queued := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+	answered := make(chan string, 1)
+	go func() {
+		answered <- destination(queued.request("/v1/completions", completionBody("waits for w0", 2), subsetMetadata(w0)))
+	}()
+	waitFor(t, 10*time.Second, "the second request hinted to w0 to queue", func() bool { return rt.adm.depth() == 1 })
+
+	free := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+	if d := destination(free.request("/v1/completions", completionBody("w1 is free", 2), subsetMetadata(w1))); d != w1 {
+		t.Fatalf("a request hinted to the free w1 got %q", d)
+	}
+	if n := rt.adm.depth(); n != 1 {
+		t.Fatalf("%d waiting when the request hinted to w1 was answered, want the w0 waiter still queued: the w1 request waited behind it", n)
+	}
+	free.cancel()
+	hold.cancel() // w0 frees: the waiter's turn
+	if d := <-answered; d != w0 {
+		t.Fatalf("the waiter hinted to w0 got %q once w0 freed", d)
+	}
+	queued.cancel()
+	rt.assertNoLoad(t, f.ids)
+}

@@ -42,6 +42,9 @@ type prepared struct {
 	header   http.Header
 	stream   bool
 	route    RouteRequest
+	// subset is the EPP's subset hint (sorted), part of the admission queue key;
+	// empty without a hint.
+	subset string
 	// The indexer's answer, asked once per request.
 	indexAsked bool
 	indexOK    bool

@@ -71,7 +71,7 @@ func (r *Router) serve(ctx context.Context, w http.ResponseWriter, p *prepared, 
 	var sent sync.Once
 	markSent := func() { sent.Do(func() { r.metrics.overhead.Observe(r.now().Sub(arrival).Seconds()) }) }
 	for attempt := 0; attempt <= r.cfg.RequestMaxRetries; attempt++ {
-		d, err := r.adm.admit(ctx, p.route.BaseModel, r.ledger.Changed, func() (*Decision, error) { return r.decide(ctx, p, tried, false) })
+		d, err := r.admit(ctx, p, tried)
 		switch {
 		case err == nil:
 		case ctx.Err() != nil:
