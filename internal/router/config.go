@@ -146,6 +146,7 @@ type Config struct {
 	QueueTimeout       time.Duration
 
 	MaxBodyBytes    int64
+	BodyReadTimeout time.Duration // longest time to receive a request body
 	ShutdownTimeout time.Duration
 
 	ParityInterval time.Duration
@@ -193,6 +194,7 @@ func DefaultConfig() Config {
 		QueueSize:                128,
 		QueueTimeout:             30 * time.Second,
 		MaxBodyBytes:             32 << 20,
+		BodyReadTimeout:          30 * time.Second,
 		ShutdownTimeout:          30 * time.Second,
 		ParityInterval:           5 * time.Minute,
 		LogLevel:                 "info",
@@ -229,7 +231,7 @@ func (c *Config) Validate() error {
 		{"--approx-ttl", c.ApproxTTL}, {"--session-ttl", c.SessionTTL}, {"--reservation-ttl", c.ReservationTTL},
 		{"--scrape-interval", c.ScrapeInterval}, {"--breaker-cooldown-s", c.BreakerCooldown},
 		{"--breaker-max-cooldown-s", c.BreakerMaxCooldown}, {"--first-byte-timeout", c.FirstByteTimeout},
-		{"--queue-timeout", c.QueueTimeout}, {"--shutdown-timeout", c.ShutdownTimeout},
+		{"--queue-timeout", c.QueueTimeout}, {"--shutdown-timeout", c.ShutdownTimeout}, {"--body-read-timeout", c.BodyReadTimeout},
 		{"--parity-interval", c.ParityInterval},
 	}
 	for _, p := range positive {
@@ -380,6 +382,7 @@ func registerFlags(fs *flag.FlagSet, c *Config) {
 	fs.IntVar(&c.QueueSize, "queue-size", c.QueueSize, "requests that may wait (FIFO) when every eligible worker is busy or full; beyond it: 429")
 	fs.DurationVar(&c.QueueTimeout, "queue-timeout", c.QueueTimeout, "longest wait in the queue before 429 with Retry-After")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest accepted request body (413 beyond)")
+	fs.DurationVar(&c.BodyReadTimeout, "body-read-timeout", c.BodyReadTimeout, "longest time to receive a request's body once its headers arrived (408 beyond, and the connection closes)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "on SIGTERM, how long in-flight streams may drain")
 	fs.DurationVar(&c.ParityInterval, "parity-interval", c.ParityInterval, "period of the token-parity probe against each model's workers' /tokenize")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug|info|warn|error (debug logs every RouteDecision)")

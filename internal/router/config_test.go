@@ -36,6 +36,7 @@ func TestConfigValidateNamesTheFlagAndTheBadValue(t *testing.T) {
 		{func(c *Config) { c.PredictedTTL = -time.Second }, []string{"--router-predicted-ttl", "-1s"}},
 		{func(c *Config) { c.BreakerCooldown = 0 }, []string{"--breaker-cooldown-s", "0s"}},
 		{func(c *Config) { c.QueueTimeout = 0 }, []string{"--queue-timeout", "0s"}},
+		{func(c *Config) { c.BodyReadTimeout = 0 }, []string{"--body-read-timeout", "0s"}},
 		{func(c *Config) { c.ReservationTTL = 0 }, []string{"--reservation-ttl", "0s"}},
 		{func(c *Config) { c.RequestIdleTimeout = -time.Second }, []string{"--request-idle-timeout", "-1s"}},
 		{func(c *Config) { c.BlockSize = 0 }, []string{"--block-size", "0"}},

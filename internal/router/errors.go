@@ -13,6 +13,8 @@ import (
 var (
 	// ErrTooLarge: the body exceeds --max-body-bytes (413).
 	ErrTooLarge = errors.New("request body too large")
+	// ErrBodyTimeout: the body did not arrive within --body-read-timeout (408).
+	ErrBodyTimeout = errors.New("request body timed out")
 	// ErrUpstream: every attempt failed before a response could be relayed (502).
 	ErrUpstream = errors.New("upstream failed")
 	// ErrUpstreamTimeout: the engine did not answer within --first-byte-timeout
@@ -35,6 +37,7 @@ var errorStatus = []struct {
 	{ErrUnknownWorker, http.StatusBadRequest, "BadRequestError"},
 	{ErrUnknownModel, http.StatusNotFound, "NotFoundError"},
 	{ErrTooLarge, http.StatusRequestEntityTooLarge, "BadRequestError"},
+	{ErrBodyTimeout, http.StatusRequestTimeout, "BadRequestError"},
 	{ErrQueueFull, http.StatusTooManyRequests, "RateLimitError"},
 	{ErrQueueTimeout, http.StatusTooManyRequests, "RateLimitError"},
 	{ErrNoWorkers, http.StatusServiceUnavailable, "ServiceUnavailableError"},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 )
@@ -45,15 +46,28 @@ func (r *Router) handleGenerate(ep endpoint) http.HandlerFunc {
 	}
 }
 
-// readBody reads a request body of at most --max-body-bytes.
+// readBody reads a request body of at most --max-body-bytes within
+// --body-read-timeout: a client that sends its headers and then trickles its
+// body, or stops, would otherwise hold a goroutine, a connection and up to
+// --max-body-bytes of buffer for as long as it kept the connection.
 func (r *Router) readBody(w http.ResponseWriter, req *http.Request) ([]byte, error) {
+	rc := http.NewResponseController(w)
+	// A writer without deadlines (a test's recorder) reads without one.
+	_ = rc.SetReadDeadline(time.Now().Add(r.cfg.BodyReadTimeout))
 	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, r.cfg.MaxBodyBytes))
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return nil, fmt.Errorf("%w: more than --max-body-bytes=%d", ErrTooLarge, r.cfg.MaxBodyBytes)
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The deadline stays: the rest of the body is not waited for, and
+			// the connection closes after the answer.
+			w.Header().Set("Connection", "close")
+			return nil, fmt.Errorf("%w: not received within --body-read-timeout=%s", ErrBodyTimeout, r.cfg.BodyReadTimeout)
+		}
 		return nil, fmt.Errorf("%w: reading the body: %v", ErrBadRequest, err)
 	}
+	_ = rc.SetReadDeadline(time.Time{})
 	return body, nil
 }
 

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -155,5 +156,43 @@ func TestKeepAliveConnectionOutlivesTheRelaysWriteDeadline(t *testing.T) {
 		if i > 0 && !reused {
 			t.Fatalf("request %d went on a new connection: the test proves nothing", i)
 		}
+	}
+}
+
+// A client that sends its headers and then stops sending its body is answered
+// 408 once --body-read-timeout passed, and its connection closes: it used to
+// hold a goroutine, the connection and what it had sent for as long as it
+// kept the connection open. Nothing reaches an engine.
+func TestClientThatStopsSendingItsBodyIsAnswered408(t *testing.T) {
+	f := startFleet(t, 1, nil)
+	cfg := testConfig(t, f)
+	cfg.BodyReadTimeout = 300 * time.Millisecond
+	rt := startRouter(t, cfg)
+	conn, err := net.Dial("tcp", rt.url[len("http://"):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+	if err := conn.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer to a body that never came: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(body), "--body-read-timeout") {
+		t.Errorf("a body that never came = %d %s, want 408 naming --body-read-timeout", resp.StatusCode, body)
+	}
+	if _, err := conn.Read(make([]byte, 1)); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Error("the router keeps the connection of a client whose body timed out open")
+	}
+	if got := testutil.ToFloat64(rt.metrics.requests.WithLabelValues(rt.policy.Name(), resultClientError, "")); got != 1 {
+		t.Errorf("requests_total{result=client_error} = %v, want 1", got)
+	}
+	if n := enginePromptTokens(t, f.engines["w0"]); n != 0 {
+		t.Errorf("the engine generated from %v prompt tokens", n)
 	}
 }
