@@ -11,6 +11,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -501,6 +502,32 @@ func TestRestoreReadsOlderSnapshots(t *testing.T) {
 				t.Errorf("applied index %d from a version %d snapshot, want %d", dst.lastIndex.Load(), tc.version, tc.wantApplied)
 			}
 		})
+	}
+}
+
+// TestSnapshotStateRefusesNamesBeyondTheLimits: a snapshot whose state names a
+// worker, tombstone, member, stream or dead worker with an empty or over-long
+// id is corrupt (an entry with such an id is a no-op; a snapshot cannot hold one).
+func TestSnapshotStateRefusesNamesBeyondTheLimits(t *testing.T) {
+	long := strings.Repeat("x", maxNameLen+1)
+	tests := []struct {
+		name  string
+		state []byte
+	}{
+		{"empty tombstone", encodeState(3, nil, map[string]uint64{"": 1}, nil, nil, nil)},
+		{"long member id", encodeState(3, nil, nil, map[string]string{long: "a:1"}, nil, nil)},
+		{"empty stream worker", encodeState(3, nil, nil, nil, map[ingest.Stream]ingest.Cursor{{Worker: ""}: {Seq: 1}}, nil)},
+		{"long dead worker", encodeState(3, nil, nil, nil, nil, map[string]uint64{long: 2})},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := decodeState(tc.state, snapshotVersion); !errors.Is(err, ErrCorruptSnapshot) {
+				t.Errorf("decodeState = %v, want ErrCorruptSnapshot", err)
+			}
+		})
+	}
+	if _, err := decodeState(encodeState(3, nil, map[string]uint64{"ok": 1}, nil, nil, nil), snapshotVersion); err != nil {
+		t.Errorf("a valid state: %v", err)
 	}
 }
 

@@ -213,6 +213,11 @@ func decodeState(data []byte, version uint64) (snapshotState, error) {
 	if d.err == nil && len(d.data) > 0 {
 		d.fail("%d trailing bytes in the state section", len(d.data))
 	}
+	if d.err == nil {
+		// A name beyond the limits is a no-op in a log entry (DecodeEntry), but
+		// no snapshot of ours can hold one: the snapshot is corrupt.
+		d.err = d.refused
+	}
 	if d.err != nil {
 		return snapshotState{}, fmt.Errorf("%w: %w", ErrCorruptSnapshot, d.err)
 	}
