@@ -211,10 +211,12 @@ func (c *Client) write(ctx context.Context, retryUnavailable bool, call func(con
 			c.mu.Unlock()
 			return nil
 		}
-		c.mu.Lock()
-		c.leader = ""
-		c.mu.Unlock()
 		leader, notLeader := NotLeader(err)
+		if notLeader || retriable(err) {
+			c.mu.Lock()
+			c.leader = "" // not the leader, or gone: an answer of the leader (NotFound, say) keeps it
+			c.mu.Unlock()
+		}
 		switch {
 		case ctx.Err() != nil:
 			return err

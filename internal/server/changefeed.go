@@ -54,13 +54,17 @@ type ChangeFeed struct {
 	stagedIndex uint64
 }
 
-// DefaultWatchBuffer is how many batches of changes a watcher may fall behind,
-// and how many the feed keeps for resuming Watches, when NewChangeFeed is given 0.
-const DefaultWatchBuffer = 4096
+// DefaultWatchBuffer is how many log entries' changes a watcher may fall
+// behind, and how many the feed keeps for resuming Watches, when NewChangeFeed
+// is given 0. An entry carries at most --raft-batch-max-events (4096) block
+// events, so the history holds at most about 4M changed blocks (tens of MB);
+// at saturated ingest (a few hundred entries a second) that is seconds of
+// history, and minutes at an ordinary fleet's rate.
+const DefaultWatchBuffer = 1024
 
-// NewChangeFeed returns a feed whose subscribers may fall buffer batches behind
-// before they are dropped, and which keeps the last buffer batches of changes
-// for subscribers that resume. Once somebody subscribed, its fan-out goroutine
+// NewChangeFeed returns a feed whose subscribers may fall buffer log entries
+// behind before they are dropped, and which keeps the changes of the last
+// buffer entries for subscribers that resume. Once somebody subscribed, its fan-out goroutine
 // runs until Close.
 func NewChangeFeed(buffer int) *ChangeFeed {
 	if buffer <= 0 {

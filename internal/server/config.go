@@ -102,7 +102,8 @@ type Config struct {
 	// ReadyMaxLag is how many committed log entries a node may have left to
 	// apply and still be ready (see readiness.go).
 	ReadyMaxLag int
-	// WatchBuffer is how many batches of changes a Watch stream may fall behind.
+	// WatchBuffer is how many log entries' changes a Watch stream may fall
+	// behind, and how many entries' changes are kept for resuming Watches.
 	WatchBuffer int
 	// WorkerDeadAfter: a worker whose health endpoint (its HTTP URL + /health)
 	// failed every probe for this long is declared dead (0: never; health.go);
@@ -369,7 +370,7 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 		"tokenizer of a model for text and chat prompts, repeatable, as `model=dir` (a Hugging Face tokenizer.json directory; dir \"builtin\": the fake engine's byte-level tokenizer)")
 	fs.StringVar(&cfg.FallbackTokenizer, "fallback-tokenizer", cfg.FallbackTokenizer, "tokenizer for models without --tokenizer: \"builtin\" or empty (text for such models is refused)")
 	fs.IntVar(&cfg.ReadyMaxLag, "ready-max-lag", cfg.ReadyMaxLag, "committed log entries a node may have left to apply and still answer /readyz 200 (a follower also needs recent contact with the leader and the leader's commit index)")
-	fs.IntVar(&cfg.WatchBuffer, "watch-buffer", cfg.WatchBuffer, "batches of changes a Watch stream may fall behind before it is ended, and the recent batches kept for Watch streams that resume")
+	fs.IntVar(&cfg.WatchBuffer, "watch-buffer", cfg.WatchBuffer, "log entries of changes a Watch stream may fall behind before it is ended, and the recent entries whose changes are kept for Watch streams that resume (an entry carries up to --raft-batch-max-events block events)")
 	fs.DurationVar(&cfg.WorkerDeadAfter, "worker-dead-after", cfg.WorkerDeadAfter, "declare a worker with an http URL dead once GET <http>/health has failed (no 2xx within 2s) for this long: its blocks are dropped on every member and it is not scored until it answers or publishes again (0: never; the leader probes)")
 	fs.DurationVar(&cfg.WorkerHealthInterval, "worker-health-interval", cfg.WorkerHealthInterval, "how often the leader probes each worker's health endpoint (at most --worker-dead-after)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")

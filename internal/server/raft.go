@@ -233,10 +233,7 @@ func (b *raftBackend) Snapshot(ctx context.Context) (SnapshotInfo, error) {
 	return SnapshotInfo{Index: index, SizeBytes: uint64(size)}, nil
 }
 
-// Cluster reports the raft configuration as this node sees it, with each
-// member's applied index as the member itself reports it (0 for members that
-// do not answer within progressTimeout). A member asking another answers from
-// its own state only.
+// Leader is the leader in this node's own view of the configuration.
 func (b *raftBackend) Leader() (id, grpcAddr string, self bool) {
 	st, err := b.node.Cluster() // this node's view only
 	if err != nil || st.LeaderID == "" {
@@ -250,6 +247,10 @@ func (b *raftBackend) Leader() (id, grpcAddr string, self bool) {
 	return st.LeaderID, grpcAddr, st.LeaderID == st.NodeID
 }
 
+// Cluster reports the raft configuration as this node sees it, with each
+// member's applied index as the member itself reports it (0 for members that
+// do not answer within progressTimeout). A member asking another answers from
+// its own state only.
 func (b *raftBackend) Cluster(ctx context.Context, withDigest bool) (ClusterStatus, error) {
 	st, err := b.node.Cluster()
 	if err != nil {

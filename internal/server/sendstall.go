@@ -41,7 +41,7 @@ func runSending(stall time.Duration, what string, loop func(*sendWatch) error) e
 	w := &sendWatch{}
 	done := make(chan error, 1)
 	go func() { done <- loop(w) }()
-	tick := time.NewTicker(stall / 4)
+	tick := time.NewTicker(max(stall/4, time.Millisecond)) // a 1 ns --http-write-timeout is valid
 	defer tick.Stop()
 	for {
 		select {
