@@ -63,6 +63,7 @@ type Client struct {
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn // guarded by mu
 	leader string                      // last known leader address; guarded by mu
+	failed string                      // member a write last found unavailable; guarded by mu
 	next   int                         // member to start reads at; guarded by mu
 }
 
@@ -186,11 +187,17 @@ func (c *Client) write(ctx context.Context, retryUnavailable bool, call func(con
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.opts.AdminToken)
 	}
 	c.mu.Lock()
-	addr := c.leader
+	addr, failed := c.leader, c.failed
 	c.mu.Unlock()
 	member := 0
 	if addr == "" {
-		addr, member = c.opts.Addrs[0], 1
+		// The members in turn, from the first, unless it is the one that
+		// failed last: its connection state may not show it yet.
+		if len(c.opts.Addrs) > 1 && c.opts.Addrs[0] == failed {
+			member = 1
+		}
+		addr = c.opts.Addrs[member]
+		member++
 	}
 	var err error
 	pauses := 0
@@ -207,7 +214,7 @@ func (c *Client) write(ctx context.Context, retryUnavailable bool, call func(con
 		}
 		if err == nil {
 			c.mu.Lock()
-			c.leader = addr
+			c.leader, c.failed = addr, ""
 			c.mu.Unlock()
 			return nil
 		}
@@ -215,6 +222,9 @@ func (c *Client) write(ctx context.Context, retryUnavailable bool, call func(con
 		if notLeader || retriable(err) {
 			c.mu.Lock()
 			c.leader = "" // not the leader, or gone: an answer of the leader (NotFound, say) keeps it
+			if retriable(err) && !notLeader {
+				c.failed = addr
+			}
 			c.mu.Unlock()
 		}
 		switch {

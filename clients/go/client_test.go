@@ -191,7 +191,8 @@ func TestWritesThatMustNotRunTwicePassOverADeadMember(t *testing.T) {
 		}
 		proxy.cut(true)
 		proxy.ln.Close() // the old leader is gone for good
-		// The first write may fail: it was sent to the leader as it died.
+		// The first write may fail: it was sent to the leader as it died. The
+		// next goes to another member.
 		var errs []error
 		for range 2 {
 			if _, err = c.UnregisterWorker(ctx, spec.Id); err == nil {
