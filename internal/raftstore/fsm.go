@@ -178,6 +178,11 @@ func (f *fsm) Apply(l *raft.Log) any {
 	if err := f.err(); err != nil {
 		return ApplyResult{Err: err}
 	}
+	if l.Index <= f.lastIndex.Load() {
+		// Applied already: raft replays the entries after a snapshot older
+		// than this state, which Restore kept (see there).
+		return ApplyResult{}
+	}
 	var res ApplyResult
 	e, err := DecodeEntry(l.Data)
 	switch {
@@ -458,11 +463,23 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 // becomes lastIndex; raft's index for the snapshot may be later, past entries that
 // never reach Apply (see Node.AppliedIndex). A version 1 snapshot has none, so
 // lastIndex stays 0 until the next command entry.
+//
+// A snapshot older than the state (its applied index below lastIndex) is not
+// restored: hashicorp/raft installs whatever snapshot a leader sends, and a
+// leader that lost track of a follower (a retried InstallSnapshot, a new
+// leader backing off) can send one the follower has already applied past.
+// Restoring it would take the state, and AppliedIndex, back in time until
+// raft replays the later entries, which it does only once the commit index
+// moves again; Apply skips those replayed entries instead, as applied.
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	f.applying.Lock()
 	defer f.applying.Unlock()
-	st, err := readSnapshot(rc, f.applier.Index())
+	st, err := readSnapshot(rc, f.applier.Index(), f.lastIndex.Load())
+	if errors.Is(err, errSnapshotBehind) {
+		f.log.Info("kept the state: the snapshot sent is older", "snapshot_applied", st.applied, "applied", f.lastIndex.Load())
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -531,6 +531,34 @@ func TestSnapshotStateRefusesNamesBeyondTheLimits(t *testing.T) {
 	}
 }
 
+// TestRestoreKeepsAStateNewerThanTheSnapshot: a follower sent a snapshot
+// older than what it has applied (hashicorp/raft installs whatever a leader
+// sends) keeps its state and applied index, instead of going back in time until
+// raft replays the later entries; the replayed entries are skipped as applied,
+// and the next new one applies.
+func TestRestoreKeepsAStateNewerThanTheSnapshot(t *testing.T) {
+	f, next := populatedFSM(t) // applied through 5
+	old := snapshotBytes(t, f)
+	entry6 := batchesEntry(next[:60]...)
+	if r := applyEntry(t, f, 6, entry6); r.Applied == 0 {
+		t.Fatalf("entry 6 applied nothing: %+v", r)
+	}
+	digest, cursors, workers := f.applier.Index().Digest(), f.applier.Cursors(), f.Workers()
+	if err := f.Restore(io.NopCloser(bytes.NewReader(old))); err != nil {
+		t.Fatal(err)
+	}
+	if f.applier.Index().Digest() != digest || !reflect.DeepEqual(f.applier.Cursors(), cursors) ||
+		!reflect.DeepEqual(f.Workers(), workers) || f.lastIndex.Load() != 6 {
+		t.Fatalf("restoring a snapshot of applied index 5 over a state at 6 took the state back (applied index %d)", f.lastIndex.Load())
+	}
+	if r := applyEntry(t, f, 6, entry6); r != (ApplyResult{}) || f.applier.Index().Digest() != digest {
+		t.Errorf("entry 6 replayed after the snapshot: %+v, want it skipped as applied", r)
+	}
+	if r := applyEntry(t, f, 7, batchesEntry(next[60:]...)); r.Applied == 0 || f.lastIndex.Load() != 7 {
+		t.Errorf("entry 7 after the replay: %+v, applied index %d", r, f.lastIndex.Load())
+	}
+}
+
 func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 	src, _ := populatedFSM(t)
 	good := snapshotBytes(t, src)
@@ -551,8 +579,8 @@ func TestRestoreRejectsCorruptSnapshots(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			dst, _ := populatedFSM(t)
-			applyEntry(t, dst, 9, batchesEntry(ingest.StreamBatch{Stream: ws("mine", 0), Seq: 1, Ops: []ingest.Op{
+			dst := newTestFSM(t, nil) // behind the snapshot, which it would restore
+			applyEntry(t, dst, 1, batchesEntry(ingest.StreamBatch{Stream: ws("mine", 0), Seq: 1, Ops: []ingest.Op{
 				{Kind: ingest.OpStored, Hashes: []uint64{1}, Keys: []uint64{1}},
 			}}))
 			digest, cursors := dst.applier.Index().Digest(), dst.applier.Cursors()

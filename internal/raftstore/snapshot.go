@@ -133,9 +133,14 @@ type snapshotState struct {
 	dead       map[string]uint64
 }
 
-// readSnapshot reads a snapshot, loading its index into ix. On an error ix is
-// unchanged (radix.Index.ReadFrom is all or nothing, and it is read last).
-func readSnapshot(r io.Reader, ix *radix.Index) (snapshotState, error) {
+// errSnapshotBehind: the snapshot's applied index is below the one readSnapshot
+// was given; its index section was not read.
+var errSnapshotBehind = errors.New("raftstore: snapshot older than the state")
+
+// readSnapshot reads a snapshot, loading its index into ix, unless its applied
+// index is below applied (errSnapshotBehind). On an error ix is unchanged
+// (radix.Index.ReadFrom is all or nothing, and it is read last).
+func readSnapshot(r io.Reader, ix *radix.Index, applied uint64) (snapshotState, error) {
 	br := bufio.NewReaderSize(r, 1<<16)
 	var st snapshotState
 	magic := make([]byte, len(snapshotMagic))
@@ -165,6 +170,9 @@ func readSnapshot(r io.Reader, ix *radix.Index) (snapshotState, error) {
 	st, err = decodeState(state, version)
 	if err != nil {
 		return st, err
+	}
+	if st.applied < applied {
+		return st, errSnapshotBehind
 	}
 	if _, err := ix.ReadFrom(br); err != nil {
 		return st, fmt.Errorf("raftstore: index snapshot: %w", err)
