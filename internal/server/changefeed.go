@@ -193,12 +193,9 @@ func (f *ChangeFeed) Commit(p *PreparedBatch, ix *radix.Index, index uint64, app
 	f.stage(out, index)
 }
 
-// stage keeps changes of the entry at index for EntryApplied. Changes of an
-// earlier entry still staged (its EntryApplied never came) go out first.
+// stage keeps changes of the entry at index for EntryApplied (raftstore calls
+// it after every command entry, so nothing of an earlier entry is staged).
 func (f *ChangeFeed) stage(changes []*kvindexv1.IndexChange, index uint64) {
-	if len(f.staged) > 0 && f.stagedIndex != index {
-		f.EntryApplied(f.stagedIndex)
-	}
 	f.staged = append(f.staged, changes...)
 	f.stagedIndex = index
 }
