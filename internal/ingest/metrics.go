@@ -161,14 +161,25 @@ func (sm *streamMetrics) refused(reason string, n int) {
 // rateLimitedLog logs the first occurrence of each kind of bad input and then at
 // most one line per interval, with the number of occurrences it did not log: a
 // flood of garbage must not become a flood of log lines.
+//
+// Kinds name workers ("bad_seq/<worker>"), so the table would grow with worker
+// churn for the life of the process. It is swept whenever it has doubled since
+// the last sweep: a kind last logged an interval ago or more goes (its next
+// occurrence logs anyway; only a count of suppressed lines older than an
+// interval can be lost), so the table holds about the kinds seen within one
+// interval, at amortised O(1) per Warn.
 type rateLimitedLog struct {
 	log      *slog.Logger
 	interval time.Duration
 	now      func() time.Time
 
-	mu    sync.Mutex
-	kinds map[string]*rateState
+	mu      sync.Mutex
+	kinds   map[string]*rateState
+	sweepAt int // len(kinds) at which the next sweep runs
 }
+
+// minSweepAt is the table size below which no sweep runs.
+const minSweepAt = 64
 
 type rateState struct {
 	last       time.Time
@@ -176,7 +187,7 @@ type rateState struct {
 }
 
 func newRateLimitedLog(log *slog.Logger, interval time.Duration) *rateLimitedLog {
-	return &rateLimitedLog{log: log, interval: interval, now: time.Now, kinds: map[string]*rateState{}}
+	return &rateLimitedLog{log: log, interval: interval, now: time.Now, kinds: map[string]*rateState{}, sweepAt: minSweepAt}
 }
 
 // Warn logs msg at warn level unless a message of the same kind was logged less
@@ -186,6 +197,9 @@ func (l *rateLimitedLog) Warn(kind, msg string, args ...any) {
 	l.mu.Lock()
 	st, ok := l.kinds[kind]
 	if !ok {
+		if len(l.kinds) >= l.sweepAt {
+			l.sweepLocked(now)
+		}
 		st = &rateState{}
 		l.kinds[kind] = st
 	} else if now.Sub(st.last) < l.interval {
@@ -200,4 +214,14 @@ func (l *rateLimitedLog) Warn(kind, msg string, args ...any) {
 		args = append(args, "suppressed_since_last_log", suppressed)
 	}
 	l.log.Warn(msg, args...)
+}
+
+// sweepLocked forgets the kinds last logged an interval ago or more.
+func (l *rateLimitedLog) sweepLocked(now time.Time) {
+	for kind, st := range l.kinds {
+		if now.Sub(st.last) >= l.interval {
+			delete(l.kinds, kind)
+		}
+	}
+	l.sweepAt = max(minSweepAt, 2*len(l.kinds))
 }

@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -160,6 +161,34 @@ func TestRateLimitedLogLogsOncePerIntervalAndCountsTheRest(t *testing.T) {
 	}
 	if n := strings.Count(out, "bad b"); n != 1 {
 		t.Errorf("%d lines for kind b, want 1", n)
+	}
+}
+
+// TestRateLimitedLogForgetsKindsOfPastIntervals: kinds name workers, so with
+// worker churn the table must not keep every kind ever seen, and a kind seen
+// again after it was forgotten logs at once, as a new one does.
+func TestRateLimitedLogForgetsKindsOfPastIntervals(t *testing.T) {
+	var buf logbuf.Buffer
+	l := newRateLimitedLog(slog.New(slog.NewTextHandler(&buf, nil)), time.Minute)
+	now := time.Unix(1000, 0)
+	l.now = func() time.Time { return now }
+	const churn = 10_000
+	for i := range churn {
+		if i%100 == 0 {
+			now = now.Add(time.Minute) // a new interval every 100 workers
+		}
+		l.Warn(fmt.Sprintf("bad_seq/worker-%d", i), "bad seq")
+	}
+	if n := len(l.kinds); n > 1000 {
+		t.Errorf("%d kinds kept after %d distinct ones, 100 per interval: the table grows with churn", n, churn)
+	}
+	if n := strings.Count(buf.String(), "bad seq"); n != churn {
+		t.Errorf("%d lines for %d first occurrences, want one each", n, churn)
+	}
+	// Within one interval nothing is forgotten: a repeat is still suppressed.
+	l.Warn(fmt.Sprintf("bad_seq/worker-%d", churn-1), "bad seq")
+	if n := strings.Count(buf.String(), "bad seq"); n != churn {
+		t.Errorf("a repeat within the interval was logged (%d lines)", n)
 	}
 }
 
