@@ -419,3 +419,53 @@ func TestCompatRegisterOfDPRanksIsOneCompareAndSet(t *testing.T) {
 		t.Error("rank 3, registered last, is not followed")
 	}
 }
+
+// TestDynamoWorkersListingCarriesNumericInstanceIDs: Dynamo's standalone
+// indexer registers workers by integer instance_id and lists them with the id
+// as a JSON integer (its WorkerId is a u64), so a Dynamo client decoding
+// GET /workers?format=dynamo into its own types must read back the ids it
+// registered; a worker named by kvindex keeps a string id.
+func TestDynamoWorkersListingCarriesNumericInstanceIDs(t *testing.T) {
+	f := newFixture(t, fixtureOptions{engines: []engineSpec{}})
+	for _, id := range []uint64{7, 1 << 40} {
+		code, body := f.postJSON("/register", map[string]any{"instance_id": id, "model_name": testModel,
+			"endpoint": "tcp://127.0.0.1:1", "block_size": 4})
+		if code != 201 {
+			t.Fatalf("POST /register instance_id %d = %d %s", id, code, body)
+		}
+	}
+	code, body := f.postJSON("/register", map[string]any{"instance_id": "w-07", "model_name": testModel,
+		"endpoint": "tcp://127.0.0.1:2", "block_size": 4})
+	if code != 201 {
+		t.Fatalf("POST /register instance_id w-07 = %d %s", code, body)
+	}
+	code, body = f.get("/workers?format=dynamo")
+	if code != 200 {
+		t.Fatalf("GET /workers?format=dynamo = %d %s", code, body)
+	}
+	var raw []struct {
+		InstanceID json.RawMessage   `json:"instance_id"`
+		Endpoints  map[string]string `json:"endpoints"`
+	}
+	if err := json.Unmarshal([]byte(body), &raw); err != nil {
+		t.Fatalf("not Dynamo's listing: %v\n%s", err, body)
+	}
+	var numeric []uint64
+	var named []string
+	for _, w := range raw {
+		var n uint64
+		if err := json.Unmarshal(w.InstanceID, &n); err == nil {
+			numeric = append(numeric, n)
+			continue
+		}
+		var s string
+		if err := json.Unmarshal(w.InstanceID, &s); err != nil {
+			t.Fatalf("instance_id %s is neither an integer nor a string", w.InstanceID)
+		}
+		named = append(named, s)
+	}
+	slices.Sort(numeric)
+	if !slices.Equal(numeric, []uint64{7, 1 << 40}) || !slices.Equal(named, []string{"w-07"}) {
+		t.Errorf("listed integer ids %v and string ids %q, want [7 %d] and [w-07]:\n%s", numeric, named, uint64(1<<40), body)
+	}
+}

@@ -390,14 +390,28 @@ func mooncakeShape(res *scoreResult) map[string]mooncakeInstance {
 
 // dynamoWorker is one entry of GET /workers?format=dynamo.
 type dynamoWorker struct {
-	InstanceID string            `json:"instance_id"`
+	InstanceID dynamoInstanceID  `json:"instance_id"`
 	Endpoints  map[string]string `json:"endpoints"`
+}
+
+// dynamoInstanceID is a worker id as Dynamo's listing carries it: Dynamo's
+// instance ids are integers (its WorkerId is a u64), and its clients decode
+// the field as one, so an id that is the decimal form of an integer (as the
+// compatible /register stores a numeric instance_id) is written as a JSON
+// number; any other id (a kvindex worker name) stays a string.
+type dynamoInstanceID string
+
+func (id dynamoInstanceID) MarshalJSON() ([]byte, error) {
+	if n, err := strconv.ParseInt(string(id), 10, 64); err == nil && strconv.FormatInt(n, 10) == string(id) {
+		return []byte(id), nil
+	}
+	return json.Marshal(string(id))
 }
 
 func dynamoWorkers(resp *kvindexv1.WorkersResponse) []dynamoWorker {
 	out := make([]dynamoWorker, 0, len(resp.Workers))
 	for _, w := range resp.Workers {
-		dw := dynamoWorker{InstanceID: w.Spec.Id, Endpoints: map[string]string{}}
+		dw := dynamoWorker{InstanceID: dynamoInstanceID(w.Spec.Id), Endpoints: map[string]string{}}
 		ranks := max(w.Spec.DpSize, 1)
 		for r := range ranks {
 			if w.Spec.EventsEndpoint == "" {
@@ -409,6 +423,6 @@ func dynamoWorkers(resp *kvindexv1.WorkersResponse) []dynamoWorker {
 		}
 		out = append(out, dw)
 	}
-	slices.SortFunc(out, func(x, y dynamoWorker) int { return strings.Compare(x.InstanceID, y.InstanceID) })
+	slices.SortFunc(out, func(x, y dynamoWorker) int { return strings.Compare(string(x.InstanceID), string(y.InstanceID)) })
 	return out
 }
