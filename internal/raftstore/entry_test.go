@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -284,6 +285,67 @@ func TestDecodedListsDoNotShareCapacity(t *testing.T) {
 	}
 }
 
+// TestScratchDecodesEveryEntryAsAFreshDecoderDoes: the FSM decodes entry after
+// entry into the same memory, so nothing of an earlier entry may show through
+// in a later one: a reset flag, a stored op's parent or keys in the slot of a
+// removed op, lists of another length.
+func TestScratchDecodesEveryEntryAsAFreshDecoderDoes(t *testing.T) {
+	batches := sampleBatches()
+	reversed := slices.Clone(batches)
+	slices.Reverse(reversed)
+	for i := range reversed {
+		reversed[i].Ops = slices.Clone(reversed[i].Ops)
+		slices.Reverse(reversed[i].Ops)
+	}
+	entries := []Entry{
+		{Type: EntryStreamBatches, Batches: batches},
+		{Type: EntryStreamBatches, Batches: reversed},
+		{Type: EntryRegisterWorker, Worker: sampleWorker()},
+		{Type: EntryStreamBatches, Batches: batches[1:2]},
+		{Type: EntryStreamBatches, Batches: []ingest.StreamBatch{}},
+		{Type: EntryStreamBatches, Batches: batches},
+	}
+	var scratch decodeScratch
+	for i, e := range entries {
+		data, err := EncodeEntry(nil, &e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := DecodeEntry(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decodeEntry(data, &scratch)
+		if err != nil {
+			t.Fatalf("entry %d: %v", i, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("entry %d decoded into scratch memory as\n%+v\nwant\n%+v", i, got, want)
+		}
+	}
+}
+
+// TestScratchDecodingAllocatesOnlyTheNames: once a scratch has decoded an
+// entry, decoding another of its size allocates only the worker name table
+// (the slice and one string per name): the lists, ops and batches are reused,
+// and no error label is built unless there is an error.
+func TestScratchDecodingAllocatesOnlyTheNames(t *testing.T) {
+	data, err := EncodeEntry(nil, &Entry{Type: EntryStreamBatches, Batches: sampleBatches()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var scratch decodeScratch
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := decodeEntry(data, &scratch); err != nil {
+			t.Fatal(err)
+		}
+	})
+	const names = 2 // vllm-0, vllm-1
+	if allocs > 1+names {
+		t.Errorf("%.0f allocations per decode into a warm scratch, want at most %d", allocs, 1+names)
+	}
+}
+
 func FuzzDecodeEntry(f *testing.F) {
 	for _, e := range []Entry{
 		{Type: EntryStreamBatches, Batches: sampleBatches()},
@@ -300,8 +362,20 @@ func FuzzDecodeEntry(f *testing.F) {
 		f.Add(data)
 	}
 	f.Add([]byte{1, 0xff})
+	primer, err := EncodeEntry(nil, &Entry{Type: EntryStreamBatches, Batches: sampleBatches()})
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		e, err := DecodeEntry(data)
+		// The same input decoded into memory that held another entry.
+		var scratch decodeScratch
+		if _, err := decodeEntry(primer, &scratch); err != nil {
+			t.Fatal(err)
+		}
+		if e2, err2 := decodeEntry(data, &scratch); !reflect.DeepEqual(e2, e) || (err == nil) != (err2 == nil) {
+			t.Fatalf("decoded into scratch memory: %+v, %v; fresh: %+v, %v", e2, err2, e, err)
+		}
 		if err != nil {
 			if !errors.Is(err, ErrCorruptEntry) && !errors.Is(err, ErrUnknownEntryType) && !errors.Is(err, ErrInvalidEntry) {
 				t.Fatalf("error %v wraps no sentinel", err)

@@ -121,8 +121,12 @@ type fsm struct {
 	// detachedWarned: when each worker's detached blocks were last logged
 	// (warnDetached); only the apply goroutine uses it.
 	detachedWarned map[string]time.Time
-	stopErr        atomic.Pointer[error]
-	stopped        chan struct{} // closed when the FSM stops
+	// scratch is the decoding memory Apply reuses from entry to entry (only
+	// the apply goroutine uses it; the hooks' contract, BatchObserver's, keeps
+	// them from holding a batch's lists past the call).
+	scratch decodeScratch
+	stopErr atomic.Pointer[error]
+	stopped chan struct{} // closed when the FSM stops
 }
 
 var _ raft.FSM = (*fsm)(nil)
@@ -184,7 +188,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 		return ApplyResult{}
 	}
 	var res ApplyResult
-	e, err := DecodeEntry(l.Data)
+	e, err := decodeEntry(l.Data, &f.scratch)
 	switch {
 	case err == nil:
 		res = f.apply(l.Index, &e)

@@ -192,20 +192,20 @@ func decodeState(data []byte, version uint64) (snapshotState, error) {
 	if version >= 2 {
 		st.applied = d.uvarint("applied index")
 	}
-	for i, n := 0, d.count(11, "worker count"); i < n && d.err == nil; i++ {
+	for i, n := 0, d.count(11, "worker", "count"); i < n && d.err == nil; i++ {
 		w := d.worker()
 		if _, dup := st.workers[w.ID]; dup && d.err == nil {
 			d.fail("worker %q twice", w.ID)
 		}
 		st.workers[w.ID] = w
 	}
-	for i, n := 0, d.count(2, "tombstone count"); i < n && d.err == nil; i++ {
+	for i, n := 0, d.count(2, "tombstone", "count"); i < n && d.err == nil; i++ {
 		st.tombstones[d.name("tombstone id")] = d.uvarint("tombstone index")
 	}
-	for i, n := 0, d.count(2, "member count"); i < n && d.err == nil; i++ {
+	for i, n := 0, d.count(2, "member", "count"); i < n && d.err == nil; i++ {
 		st.members[d.name("member id")] = d.str("member address")
 	}
-	for i, n := 0, d.count(5, "cursor count"); i < n && d.err == nil; i++ {
+	for i, n := 0, d.count(5, "cursor", "count"); i < n && d.err == nil; i++ {
 		s := ingest.Stream{Worker: d.name("cursor worker"), DPRank: d.uint32("cursor dp rank")}
 		c := ingest.Cursor{Seq: d.uvarint("cursor seq"), Epoch: d.uvarint("cursor epoch")}
 		if version >= 3 {
@@ -214,7 +214,7 @@ func decodeState(data []byte, version uint64) (snapshotState, error) {
 		st.cursors[s] = c
 	}
 	if version >= 3 {
-		for i, n := 0, d.count(2, "dead worker count"); i < n && d.err == nil; i++ {
+		for i, n := 0, d.count(2, "dead worker", "count"); i < n && d.err == nil; i++ {
 			st.dead[d.name("dead worker id")] = d.uvarint("dead worker index")
 		}
 	}
