@@ -152,6 +152,7 @@ func DefaultConfig() Config {
 		HTTPIdleTimeout:          120 * time.Second,
 		GRPCMaxConcurrentStreams: 256,
 		MaxWatchStreams:          64,
+		ReadyMaxLag:              DefaultReadyMaxLag,
 		LedgerLease:              10 * time.Second,
 		LedgerPushInterval:       15 * time.Millisecond,
 		LedgerMaxRouters:         256,

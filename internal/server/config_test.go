@@ -28,7 +28,8 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 	if cfg.GRPCAddr != "127.0.0.1:7070" || cfg.HTTPAddr != "127.0.0.1:7080" || cfg.Raft.RaftAddr != "127.0.0.1:7090" ||
 		cfg.Join != "" || cfg.Ingest.Transport != ingest.TransportZMQ ||
 		cfg.Ingest.NATSSubjectPrefix != "kv.events" || cfg.Ingest.DefaultBlockSize != 16 ||
-		cfg.WorkerDeadAfter != 30*time.Second || cfg.WorkerHealthInterval != 5*time.Second {
+		cfg.WorkerDeadAfter != 30*time.Second || cfg.WorkerHealthInterval != 5*time.Second ||
+		cfg.ReadyMaxLag != DefaultReadyMaxLag || DefaultReadyMaxLag != 256 { // docs/api.md: 256
 		t.Errorf("defaults = %+v", cfg)
 	}
 	var help bytes.Buffer
