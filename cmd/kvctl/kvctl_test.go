@@ -201,3 +201,19 @@ func TestCommands(t *testing.T) {
 		})
 	}
 }
+
+// Flags > KVINDEX_* env: --output given on the command line must win over
+// KVINDEX_O from the environment.
+func TestOutputFlagBeatsEnv(t *testing.T) {
+	lookup := func(k string) (string, bool) {
+		if k == "KVINDEX_O" {
+			return "yaml", true
+		}
+		return "", false
+	}
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"stats", "--output", "json", "--addr", "127.0.0.1:1", "--timeout", "100ms"}, &stdout, &stderr, lookup)
+	if strings.Contains(stderr.String(), `"yaml"`) {
+		t.Errorf("exit %d, stderr %q: the environment's KVINDEX_O=yaml overrode --output json given on the command line", code, stderr.String())
+	}
+}

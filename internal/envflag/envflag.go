@@ -2,7 +2,10 @@
 // command-line flags > KVINDEX_* environment variables > defaults.
 //
 // A flag named "grpc-addr" is read from KVINDEX_GRPC_ADDR when it was not given on the
-// command line. Binaries with sub-components may use a longer prefix (for example
+// command line. A one-letter flag is the short form of a long one (kvctl's -o
+// for --output) and has no variable of its own: the long flag's variable must
+// not beat the short flag given on the command line, nor a stray KVINDEX_O the
+// long one. Binaries with sub-components may use a longer prefix (for example
 // KVINDEX_FAKEENGINE_). The package holds no state; it is safe for concurrent use on
 // distinct FlagSets.
 package envflag
@@ -33,7 +36,7 @@ func Parse(fs *flag.FlagSet, prefix string, args []string, lookup func(string) (
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var firstErr error
 	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] || firstErr != nil {
+		if given[f.Name] || firstErr != nil || isShort(f.Name) {
 			return
 		}
 		name := EnvName(prefix, f.Name)
@@ -61,10 +64,17 @@ func Usage(fs *flag.FlagSet, prefix, synopsis string) func() {
 			if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" && f.DefValue != "[]" {
 				fmt.Fprintf(out, " (default %s)", f.DefValue)
 			}
+			if isShort(f.Name) {
+				fmt.Fprintln(out)
+				return
+			}
 			fmt.Fprintf(out, " [$%s]\n", EnvName(prefix, f.Name))
 		})
 	}
 }
+
+// isShort reports whether name is a one-letter short form (see the package doc).
+func isShort(name string) bool { return len(name) == 1 }
 
 // SplitList splits a comma-separated flag value into its items, trimmed, with
 // empty ones dropped ("a, b,," is [a b]).

@@ -38,6 +38,28 @@ func TestPrecedenceFlagsOverEnvOverDefaults(t *testing.T) {
 	}
 }
 
+// A one-letter flag is a short form: no variable fills it, so the long form
+// from the command line is never beaten by the environment (KVINDEX_O=yaml
+// used to override --output json), and usage names no variable for it.
+func TestShortFlagsHaveNoVariable(t *testing.T) {
+	lookup := func(k string) (string, bool) { return "yaml", k == "KVINDEX_O" || k == "KVINDEX_OUTPUT" }
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	var buf bytes.Buffer
+	fs.SetOutput(&buf)
+	short := fs.String("o", "", "short for --output")
+	long := fs.String("output", "table", "")
+	if err := Parse(fs, "KVINDEX_", []string{"--output", "json"}, lookup); err != nil {
+		t.Fatal(err)
+	}
+	if *short != "" || *long != "json" {
+		t.Errorf("-o %q, --output %q: want the short form unset by the environment and --output json", *short, *long)
+	}
+	Usage(fs, "KVINDEX_", "usage: x [flags]")()
+	if strings.Contains(buf.String(), "$KVINDEX_O]") {
+		t.Errorf("usage names a variable for -o:\n%s", buf.String())
+	}
+}
+
 func TestBadEnvValueNamesTheVariable(t *testing.T) {
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	fs.Int("block-size", 16, "")
