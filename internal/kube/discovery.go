@@ -33,6 +33,7 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -241,8 +242,20 @@ func (d *Discovery) Watch(ctx context.Context, update func(Fleet)) error {
 }
 
 // Specs converts the ready pods to worker specs, sorted by id; pods that do not
-// yield a valid spec are logged and left out.
+// yield a valid spec are logged and left out. When two pods map to one worker
+// id (one name in two watched namespaces, one kvindex.io/worker-id in a
+// Deployment's template) the older pod is the worker, whatever order the
+// lister returns them in (a map's, new at every call): otherwise the worker
+// would flip between two engines from one recomputation to the next, each
+// flip dropping its blocks.
 func (d *Discovery) Specs(pods []*corev1.Pod) []workerspec.Spec {
+	pods = slices.Clone(pods)
+	slices.SortFunc(pods, func(a, b *corev1.Pod) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
 	var out []workerspec.Spec
 	seen := map[string]bool{}
 	for _, p := range pods {

@@ -257,3 +257,27 @@ func TestWatchReportsNotReadyPods(t *testing.T) {
 	}
 	wait("vllm-0,w1|vllm-2")
 }
+
+// Two ready pods that map to one worker id (one name in two namespaces when
+// every namespace is watched, or one kvindex.io/worker-id in a Deployment's
+// template): the older pod is the worker, whatever order the lister returns
+// them in (a map's, new at every recomputation), so the worker does not flip
+// between the two engines.
+func TestDuplicateWorkerIDGoesToTheOlderPodInAnyOrder(t *testing.T) {
+	d, err := NewWithClient(Config{HTTPPort: 8000, Resync: time.Minute, DefaultModel: "m"}, fake.NewClientset(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	older := pod("vllm-0", "10.0.0.2", true, map[string]string{"app": "vllm"}, nil)
+	older.Namespace = "zz" // sorts after "llm": the age, not the name, decides
+	older.CreationTimestamp = metav1.NewTime(time.Unix(1000, 0))
+	newer := pod("vllm-0", "10.0.0.1", true, map[string]string{"app": "vllm"}, nil)
+	newer.CreationTimestamp = metav1.NewTime(time.Unix(2000, 0))
+	for _, order := range [][]*corev1.Pod{{older, newer}, {newer, older}} {
+		got := d.Specs(order)
+		if len(got) != 1 || got[0].HTTP != "http://10.0.0.2:8000" {
+			t.Errorf("pods in order %s, %s give %v, want the older pod's engine http://10.0.0.2:8000 alone",
+				order[0].Namespace, order[1].Namespace, got)
+		}
+	}
+}
