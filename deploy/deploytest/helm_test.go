@@ -174,6 +174,20 @@ func portOf(t *testing.T, addr string) int32 {
 	return int32(n)
 }
 
+// secretEnv is container c's environment as a lookup, a variable taken from a
+// Secret's key reading "secret:<name>/<key>".
+func secretEnv(c corev1.Container) func(string) (string, bool) {
+	var kv []string
+	for _, e := range c.Env {
+		if ref := e.ValueFrom; ref != nil && ref.SecretKeyRef != nil {
+			kv = append(kv, e.Name, "secret:"+ref.SecretKeyRef.Name+"/"+ref.SecretKeyRef.Key)
+		} else if ref == nil {
+			kv = append(kv, e.Name, e.Value)
+		}
+	}
+	return env(kv...)
+}
+
 func env(kv ...string) func(string) (string, bool) {
 	m := map[string]string{}
 	for i := 0; i+1 < len(kv); i += 2 {
@@ -218,6 +232,11 @@ func checkIndexer(t *testing.T, r *rendered, replicas int, selector string) {
 	}
 	if *s.Spec.Replicas != int32(replicas) {
 		t.Errorf("indexer replicas %d, want %d", *s.Spec.Replicas, replicas)
+	}
+	// After a full outage pod 0 alone cannot elect a leader and stays unready:
+	// an OrderedReady set would never start the others (docs/deploy.md).
+	if s.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
+		t.Errorf("indexer podManagementPolicy %q, want Parallel", s.Spec.PodManagementPolicy)
 	}
 	if len(s.Spec.VolumeClaimTemplates) != 1 {
 		t.Error("indexer: want one PVC template (data dir per pod)")
@@ -377,9 +396,16 @@ func checkRouter(t *testing.T, r *rendered, epp bool) {
 	}
 	c := d.Spec.Template.Spec.Containers[0]
 	args := expand(c.Args, map[string]string{"POD_NAMESPACE": namespace})
-	cfg, err := router.ParseFlags(args, io.Discard, env())
+	cfg, err := router.ParseFlags(args, io.Discard, secretEnv(c))
 	if err != nil {
 		t.Fatalf("the router refuses the chart's flags %q: %v", args, err)
+	}
+	// The routers' shared ledger (LoadService, on with --indexer) needs the
+	// indexer's admin token: the router must hold the Secret the indexer
+	// takes its token from.
+	ic := r.statefulSets["kv-indexer"].Spec.Template.Spec.Containers[0]
+	if want, _ := secretEnv(ic)("KVINDEX_ADMIN_TOKEN"); cfg.Ledger && cfg.IndexerToken != want {
+		t.Errorf("router's indexer token %q, want the indexer's admin token %q: without it the ledger stream is refused", cfg.IndexerToken, want)
 	}
 	if got, want := portOf(t, cfg.Listen), containerPort(t, c, "http"); got != want {
 		t.Errorf("--listen port %d, container port http %d", got, want)
