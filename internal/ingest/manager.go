@@ -182,6 +182,10 @@ func (c ManagerConfig) Validate() error {
 		return invalidConfig("--kv-event-transport=%q must be zmq or nats", c.Transport)
 	case c.Transport == TransportNATS && c.NATSURL == "":
 		return invalidConfig("--kv-event-transport=nats needs --nats-url")
+	case c.Transport != TransportNATS && c.NATSURL != "":
+		// Accepted and ignored, it would leave the events the operator meant to
+		// take from NATS unread without a word.
+		return invalidConfig("--nats-url=%q needs --kv-event-transport=nats (the transport is %s)", c.NATSURL, c.Transport)
 	case c.Transport == TransportNATS && c.ZMQBind != "":
 		return invalidConfig("--zmq-bind=%q cannot be used with --kv-event-transport=nats", c.ZMQBind)
 	case c.DefaultBlockSize < 0 || c.DefaultBlockSize > workerspec.MaxBlockSize:

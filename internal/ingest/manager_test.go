@@ -18,6 +18,7 @@ func TestManagerConfigValidate(t *testing.T) {
 	}{
 		{"transport", func(c *ManagerConfig) { c.Transport = "kafka" }, "--kv-event-transport=\"kafka\""},
 		{"nats url", func(c *ManagerConfig) { c.Transport = TransportNATS }, "needs --nats-url"},
+		{"nats url without nats", func(c *ManagerConfig) { c.NATSURL = "nats://x" }, "--nats-url=\"nats://x\" needs --kv-event-transport=nats"},
 		{"nats and bind", func(c *ManagerConfig) { c.Transport, c.NATSURL, c.ZMQBind = TransportNATS, "nats://x", "tcp://*:1" }, "--zmq-bind"},
 		{"subject prefix", func(c *ManagerConfig) {
 			c.Transport, c.NATSURL, c.NATSSubjectPrefix = TransportNATS, "nats://x", "kv.*"

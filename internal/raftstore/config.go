@@ -144,6 +144,13 @@ func DefaultConfig() Config {
 	}
 }
 
+// Bounds hashicorp/raft's ValidateConfig enforces (its maxAppendEntries and
+// its minimum for the heartbeat, election and lease timeouts).
+const (
+	raftMaxAppendEntries = 1024
+	raftMinTimeout       = 5 * time.Millisecond
+)
+
 // Validate checks every field; the error names the first bad one and its value.
 func (c *Config) Validate() error {
 	bad := func(field string, v any, want string) error {
@@ -176,6 +183,18 @@ func (c *Config) Validate() error {
 		return bad("SnapshotRetain", c.SnapshotRetain, ">= 1")
 	case c.SnapshotThreshold < 1:
 		return bad("SnapshotThreshold", c.SnapshotThreshold, ">= 1")
+	// hashicorp/raft's own checks (raft.ValidateConfig below), made here so
+	// that the error names the value: raft's says only "is too large".
+	case c.MaxAppendEntries < 1 || c.MaxAppendEntries > raftMaxAppendEntries:
+		return bad("MaxAppendEntries", c.MaxAppendEntries, fmt.Sprintf("1..%d", raftMaxAppendEntries))
+	case c.HeartbeatTimeout < raftMinTimeout:
+		return bad("HeartbeatTimeout", c.HeartbeatTimeout, ">= "+raftMinTimeout.String())
+	case c.ElectionTimeout < raftMinTimeout:
+		return bad("ElectionTimeout", c.ElectionTimeout, ">= "+raftMinTimeout.String())
+	case c.LeaderLeaseTimeout < raftMinTimeout:
+		return bad("LeaderLeaseTimeout", c.LeaderLeaseTimeout, ">= "+raftMinTimeout.String())
+	case c.CommitTimeout < time.Millisecond:
+		return bad("CommitTimeout", c.CommitTimeout, ">= 1ms")
 	}
 	if err := raft.ValidateConfig(c.raftConfig()); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)

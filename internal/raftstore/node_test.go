@@ -25,23 +25,26 @@ func TestConfigValidateNamesTheBadField(t *testing.T) {
 	tests := []struct {
 		field string
 		set   func(c *Config)
+		value string // the bad value as the error must name it, when checked
 	}{
-		{"NodeID", func(c *Config) { c.NodeID = "" }},
-		{"GRPCAddr", func(c *Config) { c.GRPCAddr = strings.Repeat("a", maxStringLen+1) }},
-		{"RaftAddr", func(c *Config) { c.RaftAddr = "" }},
-		{"DataDir", func(c *Config) { c.DataDir = "" }},
-		{"MaxBatchEvents", func(c *Config) { c.MaxBatchEvents = 0 }},
-		{"MaxBatchBytes", func(c *Config) { c.MaxBatchBytes = 10 }},
-		{"MaxBatchWait", func(c *Config) { c.MaxBatchWait = -time.Millisecond }},
-		{"MaxInFlight", func(c *Config) { c.MaxInFlight = 0 }},
-		{"LogCacheSize", func(c *Config) { c.LogCacheSize = -1 }},
-		{"TransportMaxPool", func(c *Config) { c.TransportMaxPool = 0 }},
-		{"TransportTimeout", func(c *Config) { c.TransportTimeout = 0 }},
-		{"SnapshotRetain", func(c *Config) { c.SnapshotRetain = 0 }},
-		{"SnapshotThreshold", func(c *Config) { c.SnapshotThreshold = 0 }},
-		{"LeaderLeaseTimeout", func(c *Config) { c.LeaderLeaseTimeout = 2 * c.HeartbeatTimeout }},
-		{"ElectionTimeout", func(c *Config) { c.ElectionTimeout = c.HeartbeatTimeout / 2 }},
-		{"MaxAppendEntries", func(c *Config) { c.MaxAppendEntries = 4096 }},
+		{"NodeID", func(c *Config) { c.NodeID = "" }, ""},
+		{"GRPCAddr", func(c *Config) { c.GRPCAddr = strings.Repeat("a", maxStringLen+1) }, ""},
+		{"RaftAddr", func(c *Config) { c.RaftAddr = "" }, ""},
+		{"DataDir", func(c *Config) { c.DataDir = "" }, ""},
+		{"MaxBatchEvents", func(c *Config) { c.MaxBatchEvents = 0 }, ""},
+		{"MaxBatchBytes", func(c *Config) { c.MaxBatchBytes = 10 }, ""},
+		{"MaxBatchWait", func(c *Config) { c.MaxBatchWait = -time.Millisecond }, ""},
+		{"MaxInFlight", func(c *Config) { c.MaxInFlight = 0 }, ""},
+		{"LogCacheSize", func(c *Config) { c.LogCacheSize = -1 }, ""},
+		{"TransportMaxPool", func(c *Config) { c.TransportMaxPool = 0 }, ""},
+		{"TransportTimeout", func(c *Config) { c.TransportTimeout = 0 }, ""},
+		{"SnapshotRetain", func(c *Config) { c.SnapshotRetain = 0 }, ""},
+		{"SnapshotThreshold", func(c *Config) { c.SnapshotThreshold = 0 }, ""},
+		{"LeaderLeaseTimeout", func(c *Config) { c.LeaderLeaseTimeout = 2 * c.HeartbeatTimeout }, ""},
+		{"ElectionTimeout", func(c *Config) { c.ElectionTimeout = c.HeartbeatTimeout / 2 }, ""},
+		{"MaxAppendEntries", func(c *Config) { c.MaxAppendEntries = 4096 }, "4096"},
+		{"HeartbeatTimeout", func(c *Config) { c.HeartbeatTimeout = time.Millisecond }, "1ms"},
+		{"CommitTimeout", func(c *Config) { c.CommitTimeout = 0 }, "0s"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.field, func(t *testing.T) {
@@ -50,6 +53,9 @@ func TestConfigValidateNamesTheBadField(t *testing.T) {
 			err := c.Validate()
 			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field) {
 				t.Errorf("error %v, want ErrInvalidConfig naming %s", err, tc.field)
+			}
+			if tc.value != "" && !strings.Contains(err.Error(), "= "+tc.value) {
+				t.Errorf("error %v does not name the value %s", err, tc.value)
 			}
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -319,6 +320,11 @@ func (f seconds) String() string {
 
 func (f seconds) Set(v string) error {
 	if s, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+		// Beyond ±292 years the conversion would wrap (1e12 s read as a
+		// negative duration) and NaN has no duration.
+		if math.IsNaN(s) || math.Abs(s) > float64(math.MaxInt64)/float64(time.Second) {
+			return fmt.Errorf("%q seconds is out of range", v)
+		}
 		*f.d = time.Duration(s * float64(time.Second))
 		return nil
 	}

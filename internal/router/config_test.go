@@ -140,6 +140,8 @@ func TestParseFlagsRefusesBadValuesNamingThem(t *testing.T) {
 		{"bad env value", nil, map[string]string{"KVINDEX_ROUTER_QUEUE_SIZE": "many"}, "KVINDEX_ROUTER_QUEUE_SIZE"},
 		{"invalid policy from env", nil, map[string]string{"KVINDEX_ROUTER_ROUTER_POLICY": "best"}, "--router-policy"},
 		{"bad cooldown", []string{"--breaker-cooldown-s", "soon"}, nil, "soon"},
+		{"cooldown beyond a duration's range", []string{"--breaker-cooldown-s", "1e12"}, nil, `"1e12" seconds is out of range`},
+		{"cooldown NaN", []string{"--breaker-max-cooldown-s", "NaN"}, nil, `"NaN" seconds`},
 		{"stray argument", []string{"extra"}, nil, "extra"},
 	}
 	for _, tt := range tests {
