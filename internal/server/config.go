@@ -428,6 +428,9 @@ func ParseFlags(args []string, out io.Writer, lookup func(string) (string, bool)
 	fs := flag.NewFlagSet("indexer", flag.ContinueOnError)
 	fs.SetOutput(out)
 	registerFlags(fs, &cfg, true)
+	if f := fs.Lookup("admin-token"); f.DefValue != "" {
+		f.DefValue = "<set by --config>" // --help must not print a secret
+	}
 	fs.Usage = envflag.Usage(fs, EnvPrefix, "usage: indexer [flags]\n       indexer relay [flags]   (forward one engine's ZMQ events to NATS; relay --help)\n\nThe kvindex index server: follows engines' KV cache events and answers prefix queries.")
 	if err := envflag.Parse(fs, EnvPrefix, args, lookup); err != nil {
 		return Config{}, err

@@ -85,6 +85,18 @@ admin-token: from-file
 		len(cfg.Tokenizers) != 1 || cfg.Tokenizers[0].Dir != "builtin" || cfg.AdminToken != "from-file" {
 		t.Errorf("precedence wrong: %+v", cfg)
 	}
+	// --help shows the file's values as defaults, but never its token.
+	secret := filepath.Join(dir, "secret.yaml")
+	if err := os.WriteFile(secret, []byte("admin-token: s3cret-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var help bytes.Buffer
+	if _, err := ParseFlags([]string{"--config", secret, "--help"}, &help, env(nil)); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("--help = %v", err)
+	}
+	if strings.Contains(help.String(), "s3cret-token") || !strings.Contains(help.String(), "(default <set by --config>)") {
+		t.Errorf("--help must not print the --config file's admin token, only that it is set:\n%s", help.String())
+	}
 	cfg, err = ParseFlags([]string{"--worker", "id=cli,model=M"}, &bytes.Buffer{}, env(map[string]string{"KVINDEX_CONFIG": path}))
 	if err != nil {
 		t.Fatal(err)
