@@ -252,8 +252,10 @@ func (n *Node) leaderLoop() {
 			continue
 		}
 		s := newSession(n, term)
-		n.setSession(s)
+		// Counted before the session is published: a node that IsLeader has
+		// counted it.
 		n.metrics.leaderSessions.Inc()
+		n.setSession(s)
 		n.log.Info("leading: accepting stream batches", "term", term, "barrier", time.Since(start),
 			"applied_index", n.AppliedIndex())
 		n.publishOwnAddr(s.ctx)

@@ -560,9 +560,7 @@ func TestSubmitBlocksWhenThePipelineIsFull(t *testing.T) {
 	}
 	defer n.Shutdown(context.Background())
 	defer close(release)
-	for !n.IsLeader() {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, 20*time.Second, n.IsLeader)
 	streams := testStreams(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -606,9 +604,7 @@ func TestEntriesCarryManyBatches(t *testing.T) {
 	defer n.Shutdown(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for !n.IsLeader() {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, 20*time.Second, n.IsLeader)
 	const count, size = 1000, 10
 	for _, b := range genBatches(testStreams(4), count, size) {
 		if err := n.Submit(ctx, b); err != nil {

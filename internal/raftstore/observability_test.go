@@ -50,7 +50,9 @@ func TestHCLogAdapter(t *testing.T) {
 }
 
 // TestMetricsAreExported runs a node with its own registry and raft's metrics
-// exported to a second one, and checks that both see the work done.
+// exported to a second one, and checks that both see the work done. Flush
+// returns once the entries it waited for are counted, and IsLeader once the
+// session is, so the counts read after them are exact.
 func TestMetricsAreExported(t *testing.T) {
 	raftReg := prometheus.NewRegistry()
 	if err := ExportRaftMetrics(raftReg, time.Minute); err != nil {
@@ -66,9 +68,7 @@ func TestMetricsAreExported(t *testing.T) {
 	defer n.Shutdown(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	for !n.IsLeader() {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, 20*time.Second, n.IsLeader)
 	for _, b := range genBatches(testStreams(2), 40, 4) {
 		if err := n.Submit(ctx, b); err != nil {
 			t.Fatal(err)

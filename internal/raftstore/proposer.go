@@ -234,16 +234,18 @@ func (s *session) waiter() {
 			s.end(fmt.Errorf("proposal of %d batches failed: %w", p.batches, err))
 			continue
 		}
-		s.mu.Lock()
-		s.applied++
-		close(s.progress)
-		s.progress = make(chan struct{})
-		s.mu.Unlock()
+		// Counted before Flush is woken, so that the metrics scraped after
+		// a Flush include the entries it waited for.
 		m.commitSeconds.Observe(time.Since(p.at).Seconds())
 		m.proposedEntries.Inc()
 		m.proposedBatches.Add(float64(p.batches))
 		m.proposedEvents.Add(float64(p.events))
 		m.proposedBytes.Add(float64(p.bytes))
+		s.mu.Lock()
+		s.applied++
+		close(s.progress)
+		s.progress = make(chan struct{})
+		s.mu.Unlock()
 	}
 }
 
