@@ -474,7 +474,8 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 // leader backing off) can send one the follower has already applied past.
 // Restoring it would take the state, and AppliedIndex, back in time until
 // raft replays the later entries, which it does only once the commit index
-// moves again; Apply skips those replayed entries instead, as applied.
+// moves again; Apply skips those replayed entries instead, as applied. A
+// version 1 snapshot does not say what it applied, so it is always restored.
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	f.applying.Lock()

@@ -490,7 +490,12 @@ func TestRestoreReadsOlderSnapshots(t *testing.T) {
 			old = binary.LittleEndian.AppendUint32(old, crc32.Checksum(tc.state, castagnoli))
 			old = append(old, current[head:]...)
 
+			// dst has applied an entry: a version 1 snapshot does not say
+			// what it applied, so it cannot be told older and is restored.
 			dst := newTestFSM(t, nil)
+			applyEntry(t, dst, 1, batchesEntry(ingest.StreamBatch{Stream: ws("mine", 0), Seq: 1, Ops: []ingest.Op{
+				{Kind: ingest.OpStored, Hashes: []uint64{1}, Keys: []uint64{1}},
+			}}))
 			if err := dst.Restore(io.NopCloser(bytes.NewReader(old))); err != nil {
 				t.Fatal(err)
 			}

@@ -134,11 +134,14 @@ type snapshotState struct {
 }
 
 // errSnapshotBehind: the snapshot's applied index is below the one readSnapshot
-// was given; its index section was not read.
+// was given; its index section was not read. A version 1 snapshot, which does
+// not say what it applied, is never behind: keeping the state would leave out
+// whatever it holds past the state, which raft, counting it installed, does not
+// replay.
 var errSnapshotBehind = errors.New("raftstore: snapshot older than the state")
 
 // readSnapshot reads a snapshot, loading its index into ix, unless its applied
-// index is below applied (errSnapshotBehind). On an error ix is unchanged
+// index is known and below applied (errSnapshotBehind). On an error ix is unchanged
 // (radix.Index.ReadFrom is all or nothing, and it is read last).
 func readSnapshot(r io.Reader, ix *radix.Index, applied uint64) (snapshotState, error) {
 	br := bufio.NewReaderSize(r, 1<<16)
@@ -171,7 +174,7 @@ func readSnapshot(r io.Reader, ix *radix.Index, applied uint64) (snapshotState, 
 	if err != nil {
 		return st, err
 	}
-	if st.applied < applied {
+	if version >= 2 && st.applied < applied {
 		return st, errSnapshotBehind
 	}
 	if _, err := ix.ReadFrom(br); err != nil {
