@@ -23,8 +23,11 @@ import (
 	"github.com/kvindex/kvindex/internal/envflag"
 )
 
-// envPrefix prefixes kvctl's environment variables: --addr is KVINDEX_ADDR.
-const envPrefix = "KVINDEX_"
+// envPrefix prefixes kvctl's environment variables: --addr is
+// KVINDEX_KVCTL_ADDR. Not the indexer's KVINDEX_: kvctl run where the indexer's
+// variables are set (its container) would take KVINDEX_TLS_CERT, the server's
+// certificate, as its client certificate, KVINDEX_BLOCK_SIZE as its own.
+const envPrefix = "KVINDEX_KVCTL_"
 
 const synopsis = `usage: kvctl <command> [flags]
 

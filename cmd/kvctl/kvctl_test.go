@@ -97,7 +97,7 @@ func TestCommands(t *testing.T) {
 	for i, id := range prompt {
 		ids[i] = fmt.Sprint(id)
 	}
-	env := map[string]string{"KVINDEX_ADDR": addr}
+	env := map[string]string{"KVINDEX_KVCTL_ADDR": addr}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
 	cases := []struct {
 		name   string
@@ -157,7 +157,7 @@ func TestCommands(t *testing.T) {
 		{name: "dump json", args: []string{"dump", "-o", "json"}, code: 0, stdout: []string{`"kind": "CHANGE_KIND_STORED"`, `"applied_index"`}},
 		{name: "register without the token", args: []string{"register", "--id", "w2", "--model", model}, code: 1, stderr: "Unauthenticated"},
 		{name: "register", args: []string{"register", "--id", "w2", "--model", model, "--block-size", "4", "--role", "prefill"},
-			env: map[string]string{"KVINDEX_ADMIN_TOKEN": "tok"}, code: 0, stdout: []string{"registered w2"}},
+			env: map[string]string{"KVINDEX_KVCTL_ADMIN_TOKEN": "tok"}, code: 0, stdout: []string{"registered w2"}},
 		{name: "unregister", args: []string{"unregister", "--id", "w2", "--admin-token", "tok"}, code: 0, stdout: []string{"unregistered w2"}},
 		{name: "unregister unknown", args: []string{"unregister", "--id", "w2", "--admin-token", "tok"}, code: 1, stderr: "NotFound"},
 		{name: "unknown model text", args: []string{"score", "--model", "nope", "--text", "x"}, code: 1, stderr: "NotFound: unknown model"},
@@ -168,7 +168,7 @@ func TestCommands(t *testing.T) {
 		{name: "bad output", args: []string{"workers", "-o", "yaml"}, code: 2, stderr: "want table or json"},
 		{name: "unknown command", args: []string{"frobnicate"}, code: 2, stderr: "unknown command"},
 		{name: "stray argument", args: []string{"workers", "extra"}, code: 2, stderr: "unexpected argument"},
-		{name: "help", args: []string{"--help"}, code: 0, stderr: "$KVINDEX_ADDR"},
+		{name: "help", args: []string{"--help"}, code: 0, stderr: "$KVINDEX_KVCTL_ADDR"},
 		{name: "command help", args: []string{"score", "--help"}, code: 0, stderr: "--tokens"},
 		{name: "no member answers", args: []string{"stats", "--addr", "127.0.0.1:1", "--timeout", "2s"}, code: 1, stderr: "kvctl stats"},
 	}
@@ -203,10 +203,10 @@ func TestCommands(t *testing.T) {
 }
 
 // Flags > KVINDEX_* env: --output given on the command line must win over
-// KVINDEX_O from the environment.
+// KVINDEX_KVCTL_O from the environment.
 func TestOutputFlagBeatsEnv(t *testing.T) {
 	lookup := func(k string) (string, bool) {
-		if k == "KVINDEX_O" {
+		if k == "KVINDEX_KVCTL_O" {
 			return "yaml", true
 		}
 		return "", false
@@ -214,6 +214,6 @@ func TestOutputFlagBeatsEnv(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), []string{"stats", "--output", "json", "--addr", "127.0.0.1:1", "--timeout", "100ms"}, &stdout, &stderr, lookup)
 	if strings.Contains(stderr.String(), `"yaml"`) {
-		t.Errorf("exit %d, stderr %q: the environment's KVINDEX_O=yaml overrode --output json given on the command line", code, stderr.String())
+		t.Errorf("exit %d, stderr %q: the environment's KVINDEX_KVCTL_O=yaml overrode --output json given on the command line", code, stderr.String())
 	}
 }

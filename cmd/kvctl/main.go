@@ -1,7 +1,8 @@
 // Command kvctl is the command-line client of a kvindex cluster: it scores
 // prompts, lists workers, shows the cluster, dumps the index and registers or
 // unregisters workers over gRPC. `kvctl --help` lists the commands; every flag
-// can also be set by a KVINDEX_* environment variable (--addr: KVINDEX_ADDR).
+// can also be set by a KVINDEX_KVCTL_* environment variable (--addr:
+// KVINDEX_KVCTL_ADDR).
 package main
 
 import (
