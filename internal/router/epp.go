@@ -35,7 +35,8 @@ import (
 // in the x-gateway-destination-endpoint header and the identical value in the
 // envoy.lb dynamic metadata; Envoy then sends the request there itself. The
 // response's headers and body pass through the stream too, so the reservation is
-// released when the response ends, or when the stream breaks.
+// released when the response ends, or when the stream breaks; a half-open probe is
+// decided by the response headers' status, when the worker answers.
 
 // Protocol names (Gateway API Inference Extension, endpoint picker protocol).
 const (
@@ -196,8 +197,13 @@ type eppExchange struct {
 	endpoint map[string]Target // endpoint -> target among the decision's candidates
 	served   string            // worker that served, from the response metadata
 	probe    bool              // the exchange holds the served target's half-open probe
-	status   int
-	once     sync.Once
+	// judged: the served target's breaker got this exchange's outcome when the
+	// response headers came (it held the probe then); finish records none, so
+	// that one answer counts once and never frees a probe another exchange took
+	// meanwhile.
+	judged bool
+	status int
+	once   sync.Once
 }
 
 // handle answers one message of the stream (zero, one or more responses).
@@ -245,6 +251,14 @@ func (x *eppExchange) handle(req *extprocv3.ProcessingRequest) ([]*extprocv3.Pro
 		x.moveToServed()
 		if x.d != nil {
 			x.d.res.FirstByte()
+			if x.probe {
+				// The worker answered: its status decides the half-open breaker
+				// now, as proxy mode does at the first byte, not when a long
+				// generation ends (which would keep a recovered worker out of
+				// rotation all that time).
+				x.r.breakers.Record(x.d.Target.Worker, statusOutcome(x.status), true)
+				x.probe, x.judged = false, true
+			}
 			if x.d.prefillRes != nil {
 				// The sidecar runs the prefill leg before the decode's: once the
 				// decode answers, the prefill worker's part is over.
@@ -530,24 +544,39 @@ func (x *eppExchange) finish(result string) {
 			return
 		}
 		x.d.release()
-		outcome := OutcomeSuccess
+		outcome := statusOutcome(x.status)
 		switch {
 		case result == resultCanceled:
 			outcome = OutcomeNeutral
 		case x.status == http.StatusTooManyRequests:
-			result, outcome = resultClientError, OutcomeNeutral
+			result = resultClientError
 		case x.status >= 500:
-			result, outcome = resultUpstreamError, OutcomeFailure
+			result = resultUpstreamError
 		case x.status >= 400:
 			result = resultClientError
 		}
-		x.r.breakers.Record(x.d.Target.Worker, outcome, x.probe)
+		if !x.judged {
+			x.r.breakers.Record(x.d.Target.Worker, outcome, x.probe)
+		}
 		if x.d.prefillProbe {
 			// The sidecar runs the prefill leg; its outcome is not seen here.
 			x.r.breakers.Record(x.d.Prefill.Worker, OutcomeNeutral, true)
 		}
 		x.r.metrics.requests.WithLabelValues(x.d.Policy, result, x.d.Target.Worker).Inc()
 	})
+}
+
+// statusOutcome is what an answer's status tells the breaker, as in proxy mode:
+// 5xx is the worker's fault, 429 says it is full right now (nothing about its
+// health), anything else is an answer (a 4xx was the request's fault).
+func statusOutcome(status int) Outcome {
+	switch {
+	case status == http.StatusTooManyRequests:
+		return OutcomeNeutral
+	case status >= 500:
+		return OutcomeFailure
+	}
+	return OutcomeSuccess
 }
 
 // servesModel reports whether any worker of the whole fleet serves model.

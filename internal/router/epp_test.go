@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -611,4 +612,94 @@ func TestEPPSubsetHintsQueueApart(t *testing.T) {
 	}
 	queued.cancel()
 	rt.assertNoLoad(t, f.ids)
+}
+
+// A half-open worker's probe is decided when the worker answers, by the status
+// in the response headers, as proxy mode decides it at the first byte: 2xx and
+// 4xx close the breaker while the generation still streams, 5xx reopens it (the
+// cooldown doubled), 429 hands the probe back (still half-open). The answer
+// counts once: the exchange's end, whether the body's end_of_stream or a
+// hang-up, records nothing more, so it cannot free the probe a later exchange
+// took meanwhile, nor count a 5xx twice.
+func TestEPPHalfOpenProbeIsDecidedWhenTheWorkerAnswers(t *testing.T) {
+	for _, c := range []struct {
+		status   int
+		want     BreakerState
+		cooldown time.Duration
+	}{
+		{http.StatusOK, BreakerClosed, 5 * time.Second},
+		{http.StatusBadRequest, BreakerClosed, 5 * time.Second},
+		{http.StatusInternalServerError, BreakerOpen, 10 * time.Second},
+		{http.StatusTooManyRequests, BreakerHalfOpen, 5 * time.Second},
+	} {
+		for _, end := range []string{"body ends", "hang-up"} {
+			t.Run(fmt.Sprintf("%d %s", c.status, end), func(t *testing.T) {
+				f := startFleet(t, 1, nil)
+				clk := newFakeClock()
+				cfg := testConfig(t, f)
+				cfg.BreakerCooldown, cfg.BreakerMaxCooldown = 5*time.Second, time.Minute
+				rt, client, _ := startEPPWith(t, cfg, func(r *Router) { r.breakers.now = clk.Now })
+				ep := strings.TrimPrefix(f.engines["w0"].URL(), "http://")
+				w0 := Target{Worker: "w0"}
+				rt.halfOpen(t, clk, "w0")
+				probe := func(e *envoy, what string) {
+					t.Helper()
+					a := e.request("/v1/completions", completionBody(words(what, 30), 2), nil)
+					if got := a.header[EPPDestinationHeader]; got != ep {
+						t.Fatalf("%s went to %q, want w0 (%s)", what, got, ep)
+					}
+					if rt.breakers.Allows("w0") {
+						t.Fatalf("%s: the decision took no half-open probe", what)
+					}
+				}
+				first := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+				probe(first, "the first probe")
+
+				first.send(&extprocv3.ProcessingRequest{
+					MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{EPPLBNamespace: {Fields: map[string]*structpb.Value{
+						EPPServedKey: structpb.NewStringValue(ep)}}}},
+					Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+						Headers: headerMap(":status", itoa(c.status), "content-type", "text/event-stream")}}})
+				if r := first.recv(); r.GetResponseHeaders() == nil {
+					t.Fatalf("response headers answered with %v", r)
+				}
+				if s, cd := rt.breakers.State("w0"); s != c.want || cd != c.cooldown {
+					t.Fatalf("breaker after the %d response headers, while the body still streams: %s (cooldown %s), want %s (cooldown %s)", c.status, s, cd, c.want, c.cooldown)
+				}
+				if l := rt.ledger.Load(w0); l.InFlight != 1 {
+					t.Errorf("load while the body streams = %+v, want the request still in flight", l)
+				}
+
+				// Bring w0 back to half-open and let a second exchange take its
+				// probe while the first one still streams.
+				switch c.want {
+				case BreakerClosed:
+					rt.halfOpen(t, clk, "w0")
+				case BreakerOpen:
+					clk.Advance(c.cooldown)
+				}
+				second := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+				probe(second, "the second probe")
+				trips := rt.breakerTrips("w0")
+
+				switch end {
+				case "body ends":
+					first.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
+						Body: []byte("data: [DONE]\n\n"), EndOfStream: true}}})
+					first.recv()
+				case "hang-up":
+					first.cancel()
+				}
+				waitFor(t, 10*time.Second, "the first request to be counted", func() bool { return rt.counted(f.ids) == 1 })
+				if s, _ := rt.breakers.State("w0"); s != BreakerHalfOpen || rt.breakers.Allows("w0") || rt.breakerTrips("w0") != trips {
+					t.Fatalf("after the first exchange ended: %s, probe free %v, trips %v (was %v); want half-open with the second exchange's probe held: the first answer was counted again",
+						s, rt.breakers.Allows("w0"), rt.breakerTrips("w0"), trips)
+				}
+				second.cancel()
+				waitFor(t, 10*time.Second, "the second request to be counted", func() bool { return rt.counted(f.ids) == 2 })
+				rt.admitsAProbeAgain(t, clk, "w0")
+				rt.assertNoLoad(t, f.ids)
+			})
+		}
+	}
 }
