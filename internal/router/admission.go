@@ -1,9 +1,11 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -24,21 +26,42 @@ var (
 // goes down, so waiters for the same candidates are served in arrival order. Each
 // candidate set (queueKey) has its own FIFO, so a waiter whose candidates are busy
 // never holds up a request whose candidates are free (another model, another LoRA
-// adapter, another subset hint); --queue-size bounds all of them together. Safe
-// for concurrent use.
+// adapter, another subset hint); --queue-size bounds all of them together.
+//
+// Sets may share workers, and a worker that frees goes to the oldest waiter that
+// can use it, whatever its queue: every decision is handed a held predicate that
+// keeps, for the head of every other queue that arrived earlier (every queue's
+// head, for a request not queued yet), the workers that head may be served by, so
+// a later request of another set neither takes such a worker on arrival nor wins
+// it from the older head when both are woken. A decision that left a free worker
+// to an older head pokes that head (a worker can free without load going down:
+// a breaker's cooldown ends, the fleet grows), and a waiter that leaves pokes the
+// later heads it held workers from. Safe for concurrent use.
 type admission struct {
 	size    int
 	timeout time.Duration
 
 	mu     sync.Mutex
-	queues map[string][]chan struct{} // per candidate set, waiters in arrival order; a waiter's channel is closed when it becomes head; guarded by mu
-	n      int                        // waiters in every queue; guarded by mu
+	queues map[string][]*waiter // per candidate set, waiters in arrival order; guarded by mu
+	n      int                  // waiters in every queue; guarded by mu
+	seq    uint64               // waiters ever queued, their arrival order; guarded by mu
 
 	onDepth func(int) // metrics hook; called under mu
 }
 
+// waiter is one queued request.
+type waiter struct {
+	seq uint64
+	// serves says whether the request may be served by a worker (its candidate
+	// set); called by other requests' decisions, so it must be safe for
+	// concurrent use and must not change.
+	serves func(*Worker) bool
+	turn   chan struct{} // closed when the waiter becomes its queue's head
+	poke   chan struct{} // 1-buffered: decide again, a worker may be free for it
+}
+
 func newAdmission(size int, timeout time.Duration) *admission {
-	return &admission{size: size, timeout: timeout, queues: map[string][]chan struct{}{}}
+	return &admission{size: size, timeout: timeout, queues: map[string][]*waiter{}}
 }
 
 // admit decides p's route (tried: the workers it already failed on), waiting in
@@ -46,11 +69,19 @@ func newAdmission(size int, timeout time.Duration) *admission {
 // request naming its worker (direct mode) never waits: its decision never finds
 // the worker busy, so it has nothing to wait for.
 func (r *Router) admit(ctx context.Context, p *prepared, tried map[string]bool) (*Decision, error) {
-	decide := func() (*Decision, error) { return r.decide(ctx, p, tried, false) }
 	if p.route.DirectWorker != "" {
-		return decide()
+		return r.decide(ctx, p, tried, false)
 	}
-	return r.adm.admit(ctx, queueKey(p, tried), r.ledger.Changed, decide)
+	// What other requests' decisions ask of this one while it waits: its own
+	// copies, since the caller goes on changing tried (and p.route) once it
+	// is admitted.
+	route, failed := p.route, maps.Clone(tried)
+	serves := func(w *Worker) bool { return !failed[w.ID] && route.eligible(w) }
+	return r.adm.admit(ctx, queueKey(p, tried), serves, r.ledger.Changed, func(held func(*Worker) bool) (*Decision, error) {
+		p.route.held = held
+		defer func() { p.route.held = nil }()
+		return r.decide(ctx, p, tried, false)
+	})
 }
 
 // queueKey names the candidate set a request draws from, which its admission
@@ -73,27 +104,30 @@ func queueKey(p *prepared, tried map[string]bool) string {
 }
 
 // admit runs decide until it is not errBusy, waiting in queue's FIFO in between.
-func (a *admission) admit(ctx context.Context, queue string, changed func() <-chan struct{}, decide func() (*Decision, error)) (*Decision, error) {
+// serves is the request's candidate set, for the held predicate of later requests
+// while it waits; decide gets the predicate for the earlier ones.
+func (a *admission) admit(ctx context.Context, queue string, serves func(*Worker) bool, changed func() <-chan struct{}, decide func(held func(*Worker) bool) (*Decision, error)) (*Decision, error) {
 	// Subscribe before deciding, so a release between the decision and the wait
-	// is not missed. A request arriving while others wait joins the queue at once:
-	// it must not take a slot that frees up from the one at the head.
+	// is not missed. A request arriving while others wait for the same candidates
+	// joins the queue at once: it must not take a slot that frees up from the one
+	// at the head.
 	ch := changed()
-	if a.waiting(queue) == 0 {
-		d, err := decide()
+	if heads, first := a.arrive(queue); first {
+		d, err := a.try(decide, heads)
 		if !errors.Is(err, errBusy) {
 			return d, err
 		}
 	}
-	turn, err := a.enqueue(queue)
+	w, err := a.enqueue(queue, serves)
 	if err != nil {
 		return nil, err
 	}
-	defer a.leave(queue, turn)
+	defer a.leave(queue, w)
 	deadline := time.NewTimer(a.timeout)
 	defer deadline.Stop()
 	// Wait to be head.
 	select {
-	case <-turn:
+	case <-w.turn:
 	case <-deadline.C:
 		return nil, ErrQueueTimeout
 	case <-ctx.Done():
@@ -101,12 +135,13 @@ func (a *admission) admit(ctx context.Context, queue string, changed func() <-ch
 	}
 	for {
 		ch = changed()
-		d, err := decide()
+		d, err := a.try(decide, a.headsBefore(queue, w.seq))
 		if !errors.Is(err, errBusy) {
 			return d, err
 		}
 		select {
 		case <-ch:
+		case <-w.poke:
 		case <-deadline.C:
 			return nil, ErrQueueTimeout
 		case <-ctx.Done():
@@ -115,42 +150,111 @@ func (a *admission) admit(ctx context.Context, queue string, changed func() <-ch
 	}
 }
 
-func (a *admission) enqueue(queue string) (chan struct{}, error) {
+// try runs decide with the held predicate of the earlier heads (oldest first),
+// then pokes each head that a free worker was left to: it may be asleep, since
+// not every way a worker frees wakes the queue.
+func (a *admission) try(decide func(held func(*Worker) bool) (*Decision, error), earlier []*waiter) (*Decision, error) {
+	var holders []*waiter
+	held := func(wk *Worker) bool {
+		for _, h := range earlier {
+			if h.serves(wk) {
+				if !slices.Contains(holders, h) {
+					holders = append(holders, h)
+				}
+				return true
+			}
+		}
+		return false
+	}
+	d, err := decide(held)
+	for _, h := range holders {
+		poke(h)
+	}
+	return d, err
+}
+
+func poke(w *waiter) {
+	select {
+	case w.poke <- struct{}{}:
+	default: // one pending poke is enough
+	}
+}
+
+// arrive reports whether queue is empty, so that a new request may decide at
+// once, and the heads of the other queues, every one of them earlier than it.
+func (a *admission) arrive(queue string) (heads []*waiter, first bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.queues[queue]) > 0 {
+		return nil, false
+	}
+	return a.headsBeforeLocked(queue, math.MaxUint64), true
+}
+
+// headsBefore lists the heads of the queues other than queue that arrived
+// before seq, oldest first.
+func (a *admission) headsBefore(queue string, seq uint64) []*waiter {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.headsBeforeLocked(queue, seq)
+}
+
+func (a *admission) headsBeforeLocked(queue string, seq uint64) []*waiter {
+	var heads []*waiter
+	for k, q := range a.queues {
+		if k != queue && q[0].seq < seq {
+			heads = append(heads, q[0])
+		}
+	}
+	slices.SortFunc(heads, func(x, y *waiter) int { return cmp.Compare(x.seq, y.seq) })
+	return heads
+}
+
+func (a *admission) enqueue(queue string, serves func(*Worker) bool) (*waiter, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.n >= a.size {
 		return nil, ErrQueueFull
 	}
-	turn := make(chan struct{})
+	a.seq++
+	w := &waiter{seq: a.seq, serves: serves, turn: make(chan struct{}), poke: make(chan struct{}, 1)}
 	q := a.queues[queue]
 	if len(q) == 0 {
-		close(turn)
+		close(w.turn)
 	}
-	a.queues[queue] = append(q, turn)
+	a.queues[queue] = append(q, w)
 	a.n++
 	a.depthLocked()
-	return turn, nil
+	return w, nil
 }
 
-// leave removes a waiter; when it was head, the next one's turn begins.
-func (a *admission) leave(queue string, turn chan struct{}) {
+// leave removes a waiter; when it was head, the next one's turn begins, and the
+// later heads of the other queues, which it may have held workers from, are
+// poked.
+func (a *admission) leave(queue string, w *waiter) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	q := a.queues[queue]
-	for i, t := range q {
-		if t == turn {
-			q = append(q[:i], q[i+1:]...)
-			a.n--
-			if i == 0 && len(q) > 0 {
-				close(q[0])
-			}
-			break
-		}
+	i := slices.Index(q, w)
+	if i < 0 {
+		return
 	}
+	q = slices.Delete(q, i, i+1)
+	a.n--
 	if len(q) == 0 {
 		delete(a.queues, queue)
 	} else {
 		a.queues[queue] = q
+	}
+	if i == 0 {
+		if len(q) > 0 {
+			close(q[0].turn)
+		}
+		for k, other := range a.queues {
+			if k != queue && other[0].seq > w.seq {
+				poke(other[0])
+			}
+		}
 	}
 	a.depthLocked()
 }
@@ -166,11 +270,4 @@ func (a *admission) depth() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.n
-}
-
-// waiting is how many requests wait in queue.
-func (a *admission) waiting(queue string) int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.queues[queue])
 }

@@ -6,26 +6,33 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
 )
 
-// slots is a fake fleet for the admission queue: decide succeeds while a slot is
-// free; freeing one wakes the waiters (as the ledger's Changed does).
+// slots is a fake fleet for the admission queue: workers with free slots. A
+// request's decide takes a slot on the first worker of its set that has one and
+// is not held for an earlier waiter; freeing one wakes the waiters (as the
+// ledger's Changed does).
 type slots struct {
 	mu      sync.Mutex
-	free    int
+	free    map[string]int // by worker
 	changed chan struct{}
 	calls   map[string]int // decide calls per waiter
 }
 
-func newSlots() *slots { return &slots{changed: make(chan struct{}), calls: map[string]int{}} }
+func newSlots() *slots {
+	return &slots{free: map[string]int{}, changed: make(chan struct{}), calls: map[string]int{}}
+}
 
 func (s *slots) Changed() <-chan struct{} {
 	s.mu.Lock()
@@ -33,25 +40,40 @@ func (s *slots) Changed() <-chan struct{} {
 	return s.changed
 }
 
-func (s *slots) release(n int) {
+func (s *slots) release(worker string, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.free += n
+	s.free[worker] += n
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
 
-func (s *slots) decide(name string) func() (*Decision, error) {
-	return func() (*Decision, error) {
+// decide is the decision of the waiter name, whose candidates are set (w0 when
+// empty); the Decision's Reason names the waiter.
+func (s *slots) decide(name string, set ...string) func(held func(*Worker) bool) (*Decision, error) {
+	if len(set) == 0 {
+		set = []string{"w0"}
+	}
+	return func(held func(*Worker) bool) (*Decision, error) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.calls[name]++
-		if s.free == 0 {
-			return nil, errBusy
+		for _, w := range set {
+			if s.free[w] > 0 && !held(&Worker{ID: w}) {
+				s.free[w]--
+				return &Decision{Reason: name, Target: Target{Worker: w}}, nil
+			}
 		}
-		s.free--
-		return &Decision{Reason: name}, nil
+		return nil, errBusy
 	}
+}
+
+// servesOf is the candidate set of workers (w0 when empty).
+func servesOf(set ...string) func(*Worker) bool {
+	if len(set) == 0 {
+		set = []string{"w0"}
+	}
+	return func(w *Worker) bool { return slices.Contains(set, w.ID) }
 }
 
 func (s *slots) callsOf(name string) int {
@@ -77,7 +99,7 @@ func startWaiters(t *testing.T, a *admission, s *slots, ctxs map[string]context.
 			ctx = context.Background()
 		}
 		go func() {
-			d, err := a.admit(ctx, "m", s.Changed, s.decide(name))
+			d, err := a.admit(ctx, "m", servesOf(), s.Changed, s.decide(name))
 			out <- admitResult{name, d, err}
 		}()
 		waitFor(t, 5*time.Second, fmt.Sprintf("%s to be queued", name), func() bool { return a.depth() == i+1 })
@@ -100,7 +122,7 @@ func TestAdmissionServesWaitersInArrivalOrderAndOnlyTheHeadDecides(t *testing.T)
 				t.Fatalf("%s (not head) decided %d times, want none", behind, n)
 			}
 		}
-		s.release(1)
+		s.release("w0", 1)
 		r := <-res
 		if r.err != nil || r.name != want || r.d.Reason != want {
 			t.Fatalf("admission %d: %s got (%v, %v), want %s admitted", i, r.name, r.d, r.err, want)
@@ -124,42 +146,152 @@ func TestAdmissionPoolsQueueIndependently(t *testing.T) {
 		s    *slots
 	}{{"x", sx}, {"y", sy}} {
 		go func() {
-			d, err := a.admit(context.Background(), w.pool, w.s.Changed, w.s.decide(w.pool))
+			d, err := a.admit(context.Background(), w.pool, servesOf("w"+w.pool), w.s.Changed, w.s.decide(w.pool, "w"+w.pool))
 			res <- admitResult{w.pool, d, err}
 		}()
 		waitFor(t, 5*time.Second, "the "+w.pool+" waiter to queue", func() bool { return w.s.callsOf(w.pool) >= 1 && a.depth() >= 1 })
 	}
 	waitFor(t, 5*time.Second, "both waiters to queue", func() bool { return a.depth() == 2 })
-	if _, err := a.admit(context.Background(), "z", newSlots().Changed, newSlots().decide("z")); !errors.Is(err, ErrQueueFull) {
+	if _, err := a.admit(context.Background(), "z", servesOf("wz"), newSlots().Changed, newSlots().decide("z", "wz")); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("a third waiter (another pool) beyond --queue-size 2: %v, want ErrQueueFull", err)
 	}
-	sy.release(1)
+	sy.release("wy", 1)
 	if r := <-res; r.name != "y" || r.err != nil {
 		t.Fatalf("got (%s, %v), want y admitted while x's head still waits", r.name, r.err)
 	}
 	if a.depth() != 1 {
 		t.Fatalf("depth %d, want 1 (x)", a.depth())
 	}
-	sx.release(1)
+	sx.release("wx", 1)
 	if r := <-res; r.name != "x" || r.err != nil {
 		t.Fatalf("got (%s, %v), want x admitted", r.name, r.err)
 	}
 }
 
+// admitAsync runs one request through the admission queue as the waiter name
+// of queue (its candidate set, which is also its queue) and sends its result.
+func admitAsync(ctx context.Context, a *admission, s *slots, res chan<- admitResult, name string, set ...string) {
+	go func() {
+		d, err := a.admit(ctx, name, servesOf(set...), s.Changed, s.decide(name, set...))
+		res <- admitResult{name, d, err}
+	}()
+}
+
+func nextResult(t *testing.T, res <-chan admitResult, what string) admitResult {
+	t.Helper()
+	select {
+	case r := <-res:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatalf("nobody admitted within 10s: %s", what)
+	}
+	return admitResult{}
+}
+
+// Queues of different candidate sets share workers: when one frees, every head
+// is woken, and the oldest waiter whose set includes that worker gets it,
+// whichever head decides first; a later waiter of another set does not win it
+// by a race.
+func TestAdmissionAFreedWorkerGoesToTheOldestWaiterThatCanUseIt(t *testing.T) {
+	a := newAdmission(8, time.Minute)
+	s := newSlots()
+	res := make(chan admitResult, 4)
+	for i, w := range []struct {
+		name string
+		set  []string
+	}{{"A", []string{"w0"}}, {"B", []string{"w0", "w1"}}, {"C", []string{"w1"}}, {"D", []string{"w0"}}} {
+		admitAsync(context.Background(), a, s, res, w.name, w.set...)
+		waitFor(t, 5*time.Second, w.name+" to queue", func() bool { return a.depth() == i+1 })
+	}
+	for _, step := range []struct{ free, want string }{{"w1", "B"}, {"w0", "A"}, {"w1", "C"}, {"w0", "D"}} {
+		s.release(step.free, 1)
+		r := nextResult(t, res, step.free+" freed")
+		if r.err != nil || r.name != step.want || r.d.Target.Worker != step.free {
+			t.Fatalf("%s freed: %s got (%v, %v), want %s, the oldest waiter that can use it, admitted there", step.free, r.name, r.d, r.err, step.want)
+		}
+	}
+}
+
+// A worker can free without load going down (a breaker's cooldown ends, the
+// fleet grows), so nothing wakes the waiters: a later request of another set
+// that finds it free leaves it to the older waiter that can use it and wakes
+// that one, and waits itself.
+func TestAdmissionALaterRequestLeavesAFreeWorkerToAnOlderWaiter(t *testing.T) {
+	a := newAdmission(8, time.Minute)
+	s := newSlots()
+	res := make(chan admitResult, 2)
+	admitAsync(context.Background(), a, s, res, "old", "w0")
+	waitFor(t, 5*time.Second, "old to queue", func() bool { return a.depth() == 1 })
+	s.mu.Lock()
+	s.free["w0"] = 1 // freed without a wake-up
+	s.mu.Unlock()
+	admitAsync(context.Background(), a, s, res, "new", "w0", "w1")
+	if r := nextResult(t, res, "w0 free"); r.err != nil || r.name != "old" || r.d.Target.Worker != "w0" {
+		t.Fatalf("%s got (%v, %v), want old admitted on w0: new came later", r.name, r.d, r.err)
+	}
+	waitFor(t, 5*time.Second, "new to wait", func() bool { return a.depth() == 1 })
+	s.release("w1", 1)
+	if r := nextResult(t, res, "w1 freed"); r.err != nil || r.name != "new" || r.d.Target.Worker != "w1" {
+		t.Fatalf("%s got (%v, %v), want new admitted on w1", r.name, r.d, r.err)
+	}
+}
+
+// A waiter that leaves hands on the workers it held: here the older waiter
+// cannot take the freed w0 (it needs more than w0, which stays busy), so the
+// later one waits for it; when the older one is cancelled, the later one gets
+// w0 at once, not at the next release.
+func TestAdmissionAWaiterThatLeavesHandsTheWorkersItHeldOn(t *testing.T) {
+	a := newAdmission(8, time.Minute)
+	s := newSlots()
+	res := make(chan admitResult, 2)
+	oldCtx, cancelOld := context.WithCancelCause(context.Background())
+	go func() {
+		// Its candidates include w0, but it also needs a prefill worker, which
+		// stays busy.
+		needsMore := func(func(*Worker) bool) (*Decision, error) { return nil, errBusy }
+		d, err := a.admit(oldCtx, "old", servesOf("w0"), s.Changed, needsMore)
+		res <- admitResult{"old", d, err}
+	}()
+	waitFor(t, 5*time.Second, "old to queue", func() bool { return a.depth() == 1 })
+	admitAsync(context.Background(), a, s, res, "new", "w0")
+	waitFor(t, 5*time.Second, "new to queue", func() bool { return a.depth() == 2 })
+	before := s.callsOf("new")
+	s.release("w0", 1)
+	waitFor(t, 5*time.Second, "new to decide after the release", func() bool { return s.callsOf("new") > before })
+	select {
+	case r := <-res:
+		t.Fatalf("%s returned (%v, %v) while old waited: w0 is left to old", r.name, r.d, r.err)
+	default:
+	}
+	gone := errors.New("client went away")
+	cancelOld(gone)
+	got := map[string]admitResult{}
+	for range 2 {
+		r := nextResult(t, res, "old cancelled")
+		got[r.name] = r
+	}
+	if r := got["old"]; !errors.Is(r.err, gone) {
+		t.Fatalf("old: %v, want its cancel cause", r.err)
+	}
+	if r := got["new"]; r.err != nil || r.d == nil || r.d.Target.Worker != "w0" {
+		t.Fatalf("new: (%v, %v), want admitted on w0 once old left", r.d, r.err)
+	}
+}
+
 func TestAdmissionRefusesBeyondTheQueueSize(t *testing.T) {
 	s := newSlots()
-	if _, err := newAdmission(0, time.Minute).admit(context.Background(), "m", s.Changed, s.decide("x")); !errors.Is(err, ErrQueueFull) {
+	if _, err := newAdmission(0, time.Minute).admit(context.Background(), "m", servesOf(), s.Changed, s.decide("x")); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("queue size 0: %v, want ErrQueueFull", err)
 	}
 	a := newAdmission(2, time.Minute)
 	res := startWaiters(t, a, s, nil, "a", "b")
-	if _, err := a.admit(context.Background(), "m", s.Changed, s.decide("c")); !errors.Is(err, ErrQueueFull) {
+	if _, err := a.admit(context.Background(), "m", servesOf(), s.Changed, s.decide("c")); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("third waiter on a queue of 2: %v, want ErrQueueFull", err)
 	}
 	if a.depth() != 2 {
 		t.Fatalf("depth %d after a refusal, want 2", a.depth())
 	}
-	s.release(2)
+	s.release("w0", 2)
 	for range 2 {
 		if r := <-res; r.err != nil {
 			t.Fatalf("%s: %v", r.name, r.err)
@@ -197,7 +329,7 @@ func TestAdmissionCancelLeavesTheQueue(t *testing.T) {
 		t.Fatalf("depth %d after mid left, want 2", a.depth())
 	}
 	s.mu.Lock()
-	s.free = 1 // freed without a wake-up: only a new head deciding can take it
+	s.free["w0"] = 1 // freed without a wake-up: only a new head deciding can take it
 	s.mu.Unlock()
 	cancelHead(gone)
 	for _, want := range []string{"head", "last"} {
@@ -217,7 +349,7 @@ func TestAdmissionCancelLeavesTheQueue(t *testing.T) {
 func TestAdmissionPassesNonBusyAnswersThrough(t *testing.T) {
 	a := newAdmission(4, time.Minute)
 	calls := 0
-	_, err := a.admit(context.Background(), "m", func() <-chan struct{} { return nil }, func() (*Decision, error) {
+	_, err := a.admit(context.Background(), "m", servesOf(), func() <-chan struct{} { return nil }, func(func(*Worker) bool) (*Decision, error) {
 		calls++
 		return nil, ErrNoWorkers
 	})
@@ -509,5 +641,85 @@ func TestAdmissionDirectRequestNeverQueues(t *testing.T) {
 			t.Fatalf("a request got %d, want all three served", c)
 		}
 	}
+	rt.assertNoLoad(t, f.ids)
+}
+
+// Queues of different candidate sets share workers, and a worker that frees goes
+// to the oldest waiter that can use it, whichever queue it is in: a later request
+// of another set neither takes it on arrival nor wins it from the older waiter
+// when both are woken. Through the EPP, whose subset hints make the sets: A
+// (hint w0,w1) waits while w0 is full and w1's breaker is open; when w1's
+// cooldown ends (no load went down, so nothing woke A), B (no hint), which came
+// later, must not take w1 from A. Then B and C (hint w0, later than B) both wait
+// for w0: when it frees, B gets it, and C only after B.
+func TestAdmissionAFreedWorkerGoesToTheOldestWaiterOfAnySet(t *testing.T) {
+	f := startFleet(t, 2, nil)
+	cfg := testConfig(t, f)
+	cfg.MaxPending = 1
+	cfg.QueueTimeout = 30 * time.Second
+	cfg.BreakerCooldown, cfg.BreakerMaxCooldown = 5*time.Second, time.Minute
+	clk := newFakeClock()
+	rt, client, _ := startEPPWith(t, cfg, func(r *Router) { r.breakers.now = clk.Now })
+	w0 := strings.TrimPrefix(f.engines["w0"].URL(), "http://")
+	w1 := strings.TrimPrefix(f.engines["w1"].URL(), "http://")
+	type answer struct{ who, dest string }
+	answers := make(chan answer, 4)
+	exchanges := map[string]*envoy{}
+	send := func(who string, md *corev3.Metadata) {
+		e := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+		exchanges[who] = e
+		go func() {
+			a := e.request("/v1/completions", completionBody(words(who, 20), 2), md)
+			dest := a.header[EPPDestinationHeader]
+			if a.immediate != nil {
+				dest = "immediate " + a.immediate.Status.Code.String()
+			}
+			answers <- answer{who, dest}
+		}()
+	}
+	next := func(what string) answer {
+		t.Helper()
+		select {
+		case a := <-answers:
+			return a
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no answer within 20s while waiting for %s", what)
+		}
+		return answer{}
+	}
+	queued := func(n int, what string) {
+		t.Helper()
+		waitFor(t, 10*time.Second, what, func() bool { return rt.adm.depth() == n })
+	}
+
+	for range rt.cfg.BreakerFailureThreshold {
+		rt.breakers.Record("w1", OutcomeFailure, false)
+	}
+	send("hold", nil)
+	if a := next("the first request"); a.dest != w0 {
+		t.Fatalf("the first request got %q, want w0 (w1's breaker is open)", a.dest)
+	}
+	send("A", subsetMetadata(w0, w1))
+	queued(1, "A to queue: w0 is full, w1's breaker open")
+	clk.Advance(cfg.BreakerCooldown)
+	send("B", nil)
+	if a := next("A or B to be admitted on w1"); a.who != "A" || a.dest != w1 {
+		t.Fatalf("%s was admitted to %q while A, which came first and can use the half-open w1, waited; want A on w1", a.who, a.dest)
+	}
+	queued(1, "B to wait: w0 and w1 are full")
+
+	send("C", subsetMetadata(w0))
+	queued(2, "C to queue behind B")
+	exchanges["hold"].cancel() // w0 frees: B and C can use it, B came first
+	if a := next("B or C to be admitted on w0"); a.who != "B" || a.dest != w0 {
+		t.Fatalf("%s was admitted to %q when w0 freed; want B, which waited longer than C", a.who, a.dest)
+	}
+	queued(1, "C to wait for w0 again")
+	exchanges["A"].cancel() // w1 frees: C cannot use it
+	exchanges["B"].cancel() // w0 frees: C's turn
+	if a := next("C to be admitted"); a.who != "C" || a.dest != w0 {
+		t.Fatalf("%s was admitted to %q, want C on w0", a.who, a.dest)
+	}
+	exchanges["C"].cancel()
 	rt.assertNoLoad(t, f.ids)
 }

@@ -59,7 +59,7 @@ func newMetricsWith(reg prometheus.Registerer, fleet func(*prometheus.GaugeVec))
 		queueDepth: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvindex_router_queue_depth",
 			Help: "Requests waiting in the admission queue for a busy fleet."}),
 		excluded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvindex_router_excluded_total",
-			Help: "Candidates filtered out before scoring, by reason (breaker, busy, full, retried), per decision attempt (a queued request counts at each retry)."},
+			Help: "Candidates filtered out before scoring, by reason (breaker, busy, full, retried, queued), per decision attempt (a queued request counts at each retry)."},
 			[]string{"reason"}),
 		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvindex_router_worker_inflight",
 			Help: "Requests in flight per worker; scope=local counts this router's own, scope=fleet all routers' (the ledger's view plus this router's live count)."},

@@ -114,9 +114,22 @@ type RouteRequest struct {
 	// allow, when set, limits the workers the request may go to (the EPP's
 	// subset hint).
 	allow func(*Worker) bool
+	// held, while the admission queue decides, reports the workers left to an
+	// earlier request waiting in another queue (admission.go); nil otherwise.
+	held func(*Worker) bool
 	// dryRun: the pick is only shown (POST /debug/route); a policy with state
 	// must leave it as it is, so that the dry run changes no later decision.
 	dryRun bool
+}
+
+// eligible reports whether w is in the request's pools: it serves the requested
+// model (base model or LoRA adapter) and the subset hint allows it.
+func (r *RouteRequest) eligible(w *Worker) bool {
+	if w.Model != r.BaseModel || r.allow != nil && !r.allow(w) {
+		return false
+	}
+	_, ok := w.Serves(r.Model)
+	return ok
 }
 
 // SetPool names the pool a pick draws from and lists all its targets, eligible or

@@ -13,6 +13,7 @@ const (
 	ExcludeBusy    = "busy"    // --max-active-prefill-tokens / --max-active-decode-blocks
 	ExcludeFull    = "full"    // --max-pending
 	ExcludeRetried = "retried" // already tried by this request
+	ExcludeQueued  = "queued"  // left to an earlier request waiting in another admission queue
 )
 
 // errBusy: every eligible candidate is excluded by a busy threshold or the pending
@@ -89,10 +90,7 @@ func (r *Router) pools(route *RouteRequest) (agg, prefill, decode *pool) {
 	v := r.fleet.View()
 	var both, pre, dec []*Worker
 	for _, w := range v.workers {
-		if w.Model != route.BaseModel || route.allow != nil && !route.allow(w) {
-			continue
-		}
-		if _, ok := w.Serves(route.Model); !ok {
+		if !route.eligible(w) {
 			continue
 		}
 		switch w.Role {
@@ -117,7 +115,8 @@ func (r *Router) pools(route *RouteRequest) (agg, prefill, decode *pool) {
 // candidates lists the pool's targets with their load, filtered: exclusions are
 // recorded with their reason. If only the breaker excluded anyone and nobody is
 // left, the breaker-excluded ones come back (a probably-bad worker beats none). If
-// busy thresholds left nobody, errBusy.
+// busy thresholds, or workers held for earlier waiters (route.held), left nobody,
+// errBusy.
 func (r *Router) candidates(route *RouteRequest, p *pool, tried map[string]bool, excluded *[]Exclusion) ([]Candidate, error) {
 	var broken []Candidate
 	cands := make([]Candidate, 0, len(p.workers)) // one rank each, most often
@@ -135,6 +134,9 @@ func (r *Router) candidates(route *RouteRequest, p *pool, tried map[string]bool,
 				broken = append(broken, c)
 			default:
 				reason = r.busyReason(c.Load)
+				if reason == "" && route.held != nil && route.held(w) {
+					reason = ExcludeQueued
+				}
 				busy = busy || reason != ""
 			}
 			if reason != "" {
