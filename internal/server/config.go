@@ -324,15 +324,28 @@ func (f *tokenizerFlag) Set(v string) error {
 	return f.list.Set(v)
 }
 
+// Set adds the workers of v: one k=v,... spec, or several separated by ';'.
+// A spec uses ',' itself, and a variable is set once, so ';' is how
+// KVINDEX_WORKER declares more than one worker.
 func (f *workerFlag) Set(v string) error {
-	w, err := workerspec.Parse(v)
-	if err != nil {
-		return err
+	var ws []workerspec.Spec
+	for _, item := range strings.Split(v, ";") {
+		if strings.TrimSpace(item) == "" {
+			continue
+		}
+		w, err := workerspec.Parse(item)
+		if err != nil {
+			return err
+		}
+		ws = append(ws, w)
+	}
+	if len(ws) == 0 {
+		return fmt.Errorf("%q names no worker", v)
 	}
 	if f.replaceOld {
 		*f.list, f.replaceOld = nil, false
 	}
-	*f.list = append(*f.list, w)
+	*f.list = append(*f.list, ws...)
 	return nil
 }
 
@@ -380,7 +393,7 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.Func("kv-event-transport", "how KV events arrive: `zmq|nats` (zmq: dial workers' PUB sockets and/or --zmq-bind) (default "+string(in.Transport)+")",
 		func(v string) error { in.Transport = ingest.Transport(v); return nil })
 	fs.Var(&workerFlag{list: &in.Workers, replaceOld: replaceLists}, "worker",
-		"a worker to dial, repeatable, as `k=v,...`: id=w1,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,model=M,block-size=16,dp-size=2 (also topic, http, role, label.<k>)")
+		"a worker to dial, repeatable, as `k=v,...` (several in one value separated by ';', as KVINDEX_WORKER needs): id=w1,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,model=M,block-size=16,dp-size=2 (also topic, http, role, label.<k>)")
 	fs.StringVar(&in.WorkersFile, "workers-file", in.WorkersFile, "YAML `file` of workers (workers: [{id, model, endpoint, replay, block-size, dp-size, topic, http}]), re-read when it changes")
 	fs.StringVar(&in.ZMQBind, "zmq-bind", in.ZMQBind, "bind a SUB socket engines connect to, e.g. tcp://*:5557; the worker and model come from the topic kv@<pod>@<model>. Every member of a cluster binds; one that does not lead forwards what it receives to the leader")
 	fs.StringVar(&in.BindReplayPattern, "bind-replay-pattern", in.BindReplayPattern, "replay `endpoint` of workers discovered on --zmq-bind, with {pod} the pod of their kv@<pod>@<model> topic, e.g. tcp://{pod}.engines.ns.svc:5558 (+dp rank); it must match --discover-replay-allow. Empty: such workers have no replay unless registered with one")

@@ -108,6 +108,14 @@ admin-token: from-file
 	if err != nil || len(cfg.Ingest.Workers) != 2 {
 		t.Errorf("repeated --worker = %+v, %v", cfg.Ingest.Workers, err)
 	}
+	// A variable is set once: ';' separates the workers of KVINDEX_WORKER.
+	cfg, err = ParseFlags(nil, &bytes.Buffer{}, env(map[string]string{"KVINDEX_WORKER": "id=a,model=M; id=b,model=M;"}))
+	if err != nil || len(cfg.Ingest.Workers) != 2 || cfg.Ingest.Workers[1].ID != "b" {
+		t.Errorf("KVINDEX_WORKER with two workers = %+v, %v", cfg.Ingest.Workers, err)
+	}
+	if _, err := ParseFlags([]string{"--worker", " ; "}, &bytes.Buffer{}, env(nil)); err == nil {
+		t.Error("--worker naming no worker was accepted")
+	}
 }
 
 // TestNonLoopbackListenersNeedATokenOrTheInsecureFlag: beyond loopback, a node
