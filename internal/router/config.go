@@ -349,7 +349,7 @@ func registerFlags(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.IndexerTLSCert, "indexer-tls-cert", c.IndexerTLSCert, "PEM client certificate `file` for mutual TLS with the indexer (with --indexer-tls-key)")
 	fs.StringVar(&c.IndexerTLSKey, "indexer-tls-key", c.IndexerTLSKey, "PEM client key `file` for mutual TLS with the indexer")
 	fs.StringVar(&c.IndexerTLSServerName, "indexer-tls-server-name", c.IndexerTLSServerName, "server name to verify the indexer's certificate against instead of the address's host")
-	fs.Var((*workerspec.List)(&c.Workers), "worker", "a worker in the indexer's syntax `id=…,http=URL,model=M[,role=both|prefill|decode][,dp-size=N][,block-size=N][,label.k=v]` (repeatable; event keys are accepted and ignored)")
+	fs.Var((*workerspec.List)(&c.Workers), "worker", "a worker in the indexer's syntax `id=…,http=URL,model=M[,role=both|prefill|decode][,dp-size=N][,block-size=N][,label.k=v]` (repeatable, or several in one value separated by ';'; event keys are accepted and ignored)")
 	fs.StringVar(&c.WorkersFile, "workers-file", c.WorkersFile, "YAML `file` of workers (the indexer's layout), re-read when it changes")
 	fs.BoolVar(&c.WorkersFromIndexer, "workers-from-indexer", c.WorkersFromIndexer, "take the workers from the indexer's registry (kept current by polling and Watch)")
 	fs.DurationVar(&c.WorkersRefresh, "workers-refresh", c.WorkersRefresh, "period of the workers-file check, the registry poll and each worker's /v1/models poll")

@@ -324,23 +324,11 @@ func (f *tokenizerFlag) Set(v string) error {
 	return f.list.Set(v)
 }
 
-// Set adds the workers of v: one k=v,... spec, or several separated by ';'.
-// A spec uses ',' itself, and a variable is set once, so ';' is how
-// KVINDEX_WORKER declares more than one worker.
+// Set adds the workers of v (see workerspec.ParseList: ';' separates several).
 func (f *workerFlag) Set(v string) error {
-	var ws []workerspec.Spec
-	for _, item := range strings.Split(v, ";") {
-		if strings.TrimSpace(item) == "" {
-			continue
-		}
-		w, err := workerspec.Parse(item)
-		if err != nil {
-			return err
-		}
-		ws = append(ws, w)
-	}
-	if len(ws) == 0 {
-		return fmt.Errorf("%q names no worker", v)
+	ws, err := workerspec.ParseList(v)
+	if err != nil {
+		return err
 	}
 	if f.replaceOld {
 		*f.list, f.replaceOld = nil, false

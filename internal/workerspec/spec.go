@@ -284,12 +284,33 @@ func (l *List) String() string {
 
 // Set parses one --worker value and appends it.
 func (l *List) Set(v string) error {
-	w, err := Parse(v)
+	ws, err := ParseList(v)
 	if err != nil {
 		return err
 	}
-	*l = append(*l, w)
+	*l = append(*l, ws...)
 	return nil
+}
+
+// ParseList parses one flag value holding one worker spec or several
+// separated by ';'. A spec uses ',' itself, and an environment variable is set
+// once, so ';' is how KVINDEX_WORKER (or the router's) declares more than one.
+func ParseList(v string) ([]Spec, error) {
+	var ws []Spec
+	for _, item := range strings.Split(v, ";") {
+		if strings.TrimSpace(item) == "" {
+			continue
+		}
+		w, err := Parse(item)
+		if err != nil {
+			return nil, err
+		}
+		ws = append(ws, w)
+	}
+	if len(ws) == 0 {
+		return nil, fmt.Errorf("%q names no worker", v)
+	}
+	return ws, nil
 }
 
 // workersFile is the YAML layout of --workers-file:

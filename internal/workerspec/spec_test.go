@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -189,5 +190,29 @@ func TestRoleBothIsAggregated(t *testing.T) {
 	ws, err := ParseFile([]byte("workers: [{id: w, model: m, role: both}]"))
 	if err != nil || len(ws) != 1 || ws[0].Role != "aggregated" {
 		t.Errorf("ParseFile(role: both) = %+v, %v; want role aggregated", ws, err)
+	}
+}
+
+func TestParseListSplitsOnSemicolons(t *testing.T) {
+	tests := []struct {
+		in      string
+		wantIDs []string
+		wantErr bool
+	}{
+		{"id=a,model=M", []string{"a"}, false},
+		{"id=a,model=M;id=b,model=M", []string{"a", "b"}, false},
+		{" id=a,model=M ; ; id=b,model=M; ", []string{"a", "b"}, false},
+		{" ; ", nil, true},
+		{"id=a,model=M;model=M", nil, true}, // the second has no id
+	}
+	for _, tt := range tests {
+		ws, err := ParseList(tt.in)
+		var ids []string
+		for _, w := range ws {
+			ids = append(ids, w.ID)
+		}
+		if (err != nil) != tt.wantErr || !slices.Equal(ids, tt.wantIDs) {
+			t.Errorf("ParseList(%q) = %v, %v; want ids %v, error %v", tt.in, ids, err, tt.wantIDs, tt.wantErr)
+		}
 	}
 }
