@@ -1,8 +1,10 @@
 package server
 
 import (
+	"crypto/subtle"
 	"fmt"
 	"net"
+	"strings"
 	"sync/atomic"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -21,11 +23,18 @@ const (
 	accessAdmin access = iota
 	// accessPublic needs nothing: reads, health, metrics.
 	accessPublic
+	// accessLedger needs the ledger token or the admin token (when
+	// --admin-token is set): the routers' shared load ledger, so that a router
+	// can hold a credential that opens nothing else.
+	accessLedger
 )
 
 func (a access) String() string {
-	if a == accessPublic {
+	switch a {
+	case accessPublic:
 		return "public"
+	case accessLedger:
+		return "ledger"
 	}
 	return "admin"
 }
@@ -49,21 +58,55 @@ var publicMethods = map[string]bool{
 	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": true,
 }
 
+// ledgerMethods are the gRPC methods the ledger token opens (the admin token
+// opens them too): what a router calls with --indexer-token.
+var ledgerMethods = map[string]bool{
+	kvindexv1.LoadService_Report_FullMethodName: true,
+}
+
 // methodAccess is what calling the gRPC method fullMethod requires.
 func methodAccess(fullMethod string) access {
-	if publicMethods[fullMethod] {
+	switch {
+	case publicMethods[fullMethod]:
 		return accessPublic
+	case ledgerMethods[fullMethod]:
+		return accessLedger
 	}
 	return accessAdmin
 }
 
-// authorize checks the admin token of a call that needs it; authorization is
-// the "Authorization" header or metadata value.
+// authorize checks the bearer token of a call that needs one; authorization is
+// the "Authorization" header or metadata value. Without an admin token nothing
+// is checked (Config.Validate allows that only on loopback or with
+// --insecure-no-admin-token, and refuses a ledger token alone).
 func (a *API) authorize(need access, authorization string) error {
-	if need == accessPublic {
+	if need == accessPublic || a.adminToken == "" {
 		return nil
 	}
-	return a.checkAdmin(authorization)
+	what := "the admin token"
+	if need == accessLedger {
+		what = "the ledger or the admin token"
+	}
+	if authorization == "" {
+		return fmt.Errorf("%w: this call needs %s (Authorization: Bearer <token>)", ErrUnauthenticated, what)
+	}
+	scheme, token, ok := strings.Cut(authorization, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return fmt.Errorf("%w: the Authorization value must be \"Bearer <token>\"", ErrUnauthenticated)
+	}
+	given := []byte(strings.TrimSpace(token))
+	match := subtle.ConstantTimeCompare(given, []byte(a.adminToken))
+	if need == accessLedger && a.ledgerToken != "" {
+		// Both comparisons run whichever matches, each in constant time.
+		match |= subtle.ConstantTimeCompare(given, []byte(a.ledgerToken))
+	}
+	if match != 1 {
+		if need == accessLedger {
+			return fmt.Errorf("%w: neither the ledger token nor the admin token", ErrPermissionDenied)
+		}
+		return fmt.Errorf("%w: wrong admin token (a ledger token opens LoadService only)", ErrPermissionDenied)
+	}
+	return nil
 }
 
 // dumpSlot admits one Dump at a time: a dump walks the whole index and holds

@@ -13,6 +13,7 @@ import (
 	"github.com/kvindex/kvindex/internal/logbuf"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 )
@@ -37,8 +38,8 @@ var wantAccess = map[string]access{
 	"/kvindex.v1.AdminService/Join":                                  accessAdmin,
 	"/kvindex.v1.AdminService/Leave":                                 accessAdmin,
 	"/kvindex.v1.AdminService/Snapshot":                              accessAdmin,
-	"/kvindex.v1.LoadService/Report":                                 accessAdmin, // reported load steers every router
-	"/kvindex.v1.MemberService/ForwardEvents":                        accessAdmin, // member to member: what it carries goes into the index
+	"/kvindex.v1.LoadService/Report":                                 accessLedger, // reported load steers every router; routers hold the ledger token
+	"/kvindex.v1.MemberService/ForwardEvents":                        accessAdmin,  // member to member: what it carries goes into the index
 	"/indexer.v1.IndexerService/GetPodScores":                        accessPublic,
 	"/grpc.health.v1.Health/Check":                                   accessPublic,
 	"/grpc.health.v1.Health/List":                                    accessPublic,
@@ -68,15 +69,21 @@ var wantAccess = map[string]access{
 	"POST /ui/api/try":      accessPublic,
 }
 
+// ledgerToken is the --ledger-token of the tests: it opens LoadService only.
+const ledgerToken = "l3dger-token"
+
 // TestEveryEndpointHasItsAccessPolicy walks the services the gRPC server
 // actually registered and the REST routes the handler actually serves, and
-// calls each one without a token: an admin one must answer UNAUTHENTICATED /
-// 401 before doing anything, a public one must not. The probe listener
+// calls each one without a token: an admin or ledger one must answer
+// UNAUTHENTICATED / 401 before doing anything, a public one must not. Then it
+// calls each one with the ledger token: an admin one must answer
+// PERMISSION_DENIED / 403 before doing anything, the others must not refuse
+// it. The probe listener
 // (--probe-addr) serves wantProbe and nothing else: every other route of the
 // HTTP listener is a 404 there.
 func TestEveryEndpointHasItsAccessPolicy(t *testing.T) {
 	f := newFixture(t, fixtureOptions{engines: defaultEngines[:1], configure: func(c *Config) {
-		c.AdminToken, c.ProbeAddr = adminToken, "127.0.0.1:0"
+		c.AdminToken, c.LedgerToken, c.ProbeAddr = adminToken, ledgerToken, "127.0.0.1:0"
 	}})
 	if methodAccess("/kvindex.v1.AdminService/SomethingNew") != accessAdmin {
 		t.Error("a method nobody classified is not admin-only")
@@ -97,9 +104,14 @@ func TestEveryEndpointHasItsAccessPolicy(t *testing.T) {
 			if got := methodAccess(full); got != want {
 				t.Errorf("gRPC %s needs %v, want %v", full, got, want)
 			}
-			code := callWithoutToken(t, f.conn, full, m.IsClientStream || m.IsServerStream)
-			if refused := code == codes.Unauthenticated; refused != (want == accessAdmin) {
+			stream := m.IsClientStream || m.IsServerStream
+			code := callWithToken(t, f.conn, full, stream, "")
+			if refused := code == codes.Unauthenticated; refused != (want != accessPublic) {
 				t.Errorf("gRPC %s without a token answered %v; its policy is %v", full, code, want)
+			}
+			code = callWithToken(t, f.conn, full, stream, ledgerToken)
+			if refused := code == codes.PermissionDenied || code == codes.Unauthenticated; refused != (want == accessAdmin) {
+				t.Errorf("gRPC %s with the ledger token answered %v; its policy is %v", full, code, want)
 			}
 		}
 	}
@@ -119,8 +131,17 @@ func TestEveryEndpointHasItsAccessPolicy(t *testing.T) {
 			t.Fatal(err)
 		}
 		code, body := f.do(req)
-		if refused := code == http.StatusUnauthorized; refused != (want == accessAdmin) {
+		if refused := code == http.StatusUnauthorized; refused != (want != accessPublic) {
 			t.Errorf("REST %s without a token = %d %s; its policy is %v", rt.pattern, code, body, want)
+		}
+		req, err = http.NewRequest(method, f.base+path, strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+ledgerToken)
+		code, body = f.do(req)
+		if refused := code == http.StatusForbidden || code == http.StatusUnauthorized; refused != (want == accessAdmin) {
+			t.Errorf("REST %s with the ledger token = %d %s; its policy is %v", rt.pattern, code, body, want)
 		}
 	}
 	if served != len(wantAccess) {
@@ -151,12 +172,16 @@ func TestEveryEndpointHasItsAccessPolicy(t *testing.T) {
 	}
 }
 
-// callWithoutToken calls a gRPC method with an empty request and returns the
-// code it answers with (for a stream, of its first message).
-func callWithoutToken(t *testing.T, cc *grpc.ClientConn, method string, stream bool) codes.Code {
+// callWithToken calls a gRPC method with an empty request, with token as its
+// bearer token unless it is empty, and returns the code it answers with (for
+// a stream, of its first message).
+func callWithToken(t *testing.T, cc *grpc.ClientConn, method string, stream bool, token string) codes.Code {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	if token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	}
 	if !stream {
 		return status.Code(cc.Invoke(ctx, method, &emptypb.Empty{}, &emptypb.Empty{}))
 	}

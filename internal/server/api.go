@@ -3,10 +3,8 @@ package server
 import (
 	"cmp"
 	"context"
-	"crypto/subtle"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,9 +23,10 @@ type APIConfig struct {
 	MaxPromptTokens int
 	// MaxBodyBytes bounds HTTP request bodies and gRPC messages.
 	MaxBodyBytes int64
-	// AdminToken, when set, is the bearer token register, unregister, join,
-	// leave and snapshot require.
-	AdminToken string
+	// AdminToken, when set, is the bearer token every admin call requires
+	// (access.go: all but the public reads); LedgerToken, when set too, opens
+	// LoadService and nothing else.
+	AdminToken, LedgerToken string
 	// MaxConcurrentStreams bounds the calls open at once on one gRPC
 	// connection; MaxWatchStreams the Watch streams open at once (0: defaults).
 	MaxConcurrentStreams uint32
@@ -63,6 +62,7 @@ type API struct {
 	maxPromptTokens  int
 	maxBodyBytes     int64
 	adminToken       string
+	ledgerToken      string
 	gatherer         prometheus.Gatherer
 	names            *namespaceNames
 	view             *viewCache
@@ -90,7 +90,7 @@ func NewAPI(b Backend, cfg APIConfig, logger *slog.Logger) (*API, error) {
 	a := &API{
 		backend: b, log: logger, tokenizers: cfg.Tokenizers, fallback: cfg.Fallback,
 		defaultBlockSize: cfg.DefaultBlockSize, maxPromptTokens: cfg.MaxPromptTokens,
-		maxBodyBytes: cfg.MaxBodyBytes, adminToken: cfg.AdminToken,
+		maxBodyBytes: cfg.MaxBodyBytes, adminToken: cfg.AdminToken, ledgerToken: cfg.LedgerToken,
 		gatherer: cfg.Gatherer, names: b.Changes().Names(), dumps: newDumpSlot(),
 		writeTimeout: cfg.HTTPWriteTimeout,
 		maxStreams:   cmp.Or(cfg.MaxConcurrentStreams, DefaultConfig().GRPCMaxConcurrentStreams),
@@ -118,24 +118,6 @@ func NewAPI(b Backend, cfg APIConfig, logger *slog.Logger) (*API, error) {
 // viewTTL bounds how stale the registry view of scoring may be for workers
 // registered other than through this API (flags, files, discovery, raft).
 const viewTTL = 250 * time.Millisecond
-
-// checkAdmin checks the "Authorization: Bearer <token>" value of an admin call.
-func (a *API) checkAdmin(authorization string) error {
-	if a.adminToken == "" {
-		return nil
-	}
-	if authorization == "" {
-		return fmt.Errorf("%w: this call needs the admin token (Authorization: Bearer <token>)", ErrUnauthenticated)
-	}
-	scheme, token, ok := strings.Cut(authorization, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return fmt.Errorf("%w: the Authorization value must be \"Bearer <token>\"", ErrUnauthenticated)
-	}
-	if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), []byte(a.adminToken)) != 1 {
-		return fmt.Errorf("%w: wrong admin token", ErrPermissionDenied)
-	}
-	return nil
-}
 
 // apiMetrics are the API's Prometheus metrics.
 type apiMetrics struct {

@@ -75,6 +75,11 @@ type Config struct {
 	// AdminToken, when set, is required as a bearer token by every admin call
 	// (see access.go: all but the public reads).
 	AdminToken string
+	// LedgerToken, when set, is accepted instead of AdminToken by LoadService
+	// (the routers' shared load ledger) and by nothing else, so that routers
+	// need not hold the admin token. It needs AdminToken: without one no call
+	// is checked.
+	LedgerToken string
 	// InsecureNoAdminToken lets a node listen beyond loopback without
 	// AdminToken; without it such a node refuses to start.
 	InsecureNoAdminToken bool
@@ -238,6 +243,9 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	if c.LedgerToken != "" && c.AdminToken == "" {
+		return invalid("--ledger-token is set without --admin-token: without an admin token no call is checked, so the ledger token would protect nothing; set --admin-token (or KVINDEX_ADMIN_TOKEN) too, or drop --ledger-token (KVINDEX_LEDGER_TOKEN)")
+	}
 	rc := c.raftConfig()
 	if err := rc.Validate(); err != nil {
 		return invalid("%s", raftFlagNames.Replace(strings.TrimPrefix(err.Error(), raftstore.ErrInvalidConfig.Error()+": ")))
@@ -358,7 +366,8 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.StringVar(&cfg.RaftTLSCA, "raft-tls-ca", cfg.RaftTLSCA, "PEM CA `file` of the members' raft certificates; required with --tls-cert: the raft transport accepts only peers presenting a certificate it signed; it must not hold a certificate --tls-client-ca holds")
 	fs.StringVar(&cfg.RaftTLSCert, "raft-tls-cert", cfg.RaftTLSCert, "PEM certificate `file` this member presents on the raft transport, for server and client authentication (default: --tls-cert)")
 	fs.StringVar(&cfg.RaftTLSKey, "raft-tls-key", cfg.RaftTLSKey, "PEM private key `file` of --raft-tls-cert")
-	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer `token` every admin call needs (Authorization: Bearer <token>): register, unregister, join, leave, snapshot and any call not documented as public; empty: no check, allowed only on loopback listeners or with --insecure-no-admin-token")
+	fs.StringVar(&cfg.AdminToken, "admin-token", cfg.AdminToken, "bearer `token` every admin call needs (Authorization: Bearer <token>): register, unregister, join, leave, snapshot, member-to-member calls and any call not documented as public (LoadService also takes --ledger-token); empty: no check, allowed only on loopback listeners or with --insecure-no-admin-token")
+	fs.StringVar(&cfg.LedgerToken, "ledger-token", cfg.LedgerToken, "bearer `token` that opens kvindex.v1.LoadService (the routers' shared load ledger) and nothing else; give it to routers (their --indexer-token) instead of --admin-token, which LoadService accepts too; needs --admin-token; empty: LoadService takes the admin token only")
 	fs.BoolVar(&cfg.InsecureNoAdminToken, "insecure-no-admin-token", cfg.InsecureNoAdminToken, "start without --admin-token although --grpc-addr or --http-addr listens beyond loopback (anyone who reaches them may change the registry and the membership)")
 	fs.DurationVar(&cfg.HTTPReadTimeout, "http-read-timeout", cfg.HTTPReadTimeout, "longest time to read an HTTP request, body included (slower: 408 and the connection closed)")
 	fs.DurationVar(&cfg.HTTPWriteTimeout, "http-write-timeout", cfg.HTTPWriteTimeout, "longest time to write an HTTP response (a dump: each part of it), and one message of a gRPC Watch or Dump")
@@ -429,8 +438,10 @@ func ParseFlags(args []string, out io.Writer, lookup func(string) (string, bool)
 	fs := flag.NewFlagSet("indexer", flag.ContinueOnError)
 	fs.SetOutput(out)
 	registerFlags(fs, &cfg, true)
-	if f := fs.Lookup("admin-token"); f.DefValue != "" {
-		f.DefValue = "<set by --config>" // --help must not print a secret
+	for _, secret := range []string{"admin-token", "ledger-token"} {
+		if f := fs.Lookup(secret); f.DefValue != "" {
+			f.DefValue = "<set by --config>" // --help must not print a secret
+		}
 	}
 	fs.Usage = envflag.Usage(fs, EnvPrefix, "usage: indexer [flags]\n       indexer relay [flags]   (forward one engine's ZMQ events to NATS; relay --help)\n\nThe kvindex index server: follows engines' KV cache events and answers prefix queries.")
 	if err := envflag.Parse(fs, EnvPrefix, args, lookup); err != nil {

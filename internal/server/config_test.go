@@ -41,7 +41,7 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 	}
 	for _, name := range []string{"node-id", "data-dir", "grpc-addr", "http-addr", "probe-addr", "zmq-bind", "worker", "workers-file",
 		"kv-event-transport", "nats-url", "nats-subject-prefix", "block-size", "max-body-bytes", "config",
-		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "insecure-no-admin-token", "raft-tls-ca", "raft-tls-cert", "raft-tls-key",
+		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "ledger-token", "insecure-no-admin-token", "raft-tls-ca", "raft-tls-cert", "raft-tls-key",
 		"http-read-timeout", "http-write-timeout", "max-discovered-workers", "max-discovered-dp-ranks", "discover-allow", "discover-replay-allow", "bind-replay-pattern", "ready-max-lag", "http-idle-timeout", "grpc-max-concurrent-streams", "max-watch-streams", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
 		"worker-dead-after", "worker-health-interval", "raft-addr", "raft-advertise", "grpc-advertise", "bootstrap", "join", "raft-batch-max-events", "raft-batch-max-wait",
 		"raft-snapshot-threshold", "raft-trailing-logs",
@@ -85,17 +85,17 @@ admin-token: from-file
 		len(cfg.Tokenizers) != 1 || cfg.Tokenizers[0].Dir != "builtin" || cfg.AdminToken != "from-file" {
 		t.Errorf("precedence wrong: %+v", cfg)
 	}
-	// --help shows the file's values as defaults, but never its token.
+	// --help shows the file's values as defaults, but never its tokens.
 	secret := filepath.Join(dir, "secret.yaml")
-	if err := os.WriteFile(secret, []byte("admin-token: s3cret-token\n"), 0o600); err != nil {
+	if err := os.WriteFile(secret, []byte("admin-token: s3cret-token\nledger-token: l3dger-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var help bytes.Buffer
 	if _, err := ParseFlags([]string{"--config", secret, "--help"}, &help, env(nil)); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("--help = %v", err)
 	}
-	if strings.Contains(help.String(), "s3cret-token") || !strings.Contains(help.String(), "(default <set by --config>)") {
-		t.Errorf("--help must not print the --config file's admin token, only that it is set:\n%s", help.String())
+	if h := help.String(); strings.Contains(h, "s3cret-token") || strings.Contains(h, "l3dger-token") || strings.Count(h, "(default <set by --config>)") != 2 {
+		t.Errorf("--help must not print the --config file's admin and ledger tokens, only that they are set:\n%s", h)
 	}
 	cfg, err = ParseFlags([]string{"--worker", "id=cli,model=M"}, &bytes.Buffer{}, env(map[string]string{"KVINDEX_CONFIG": path}))
 	if err != nil {
@@ -120,7 +120,7 @@ admin-token: from-file
 
 // TestNonLoopbackListenersNeedATokenOrTheInsecureFlag: beyond loopback, a node
 // starts with --admin-token or with --insecure-no-admin-token, never silently
-// open.
+// open; a --ledger-token needs an --admin-token wherever the node listens.
 func TestNonLoopbackListenersNeedATokenOrTheInsecureFlag(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -132,6 +132,9 @@ func TestNonLoopbackListenersNeedATokenOrTheInsecureFlag(t *testing.T) {
 		{[]string{"--http-addr", "10.1.2.3:7080"}, false},
 		{[]string{"--grpc-addr", "0.0.0.0:7070", "--admin-token", "t"}, true},
 		{[]string{"--grpc-addr", "0.0.0.0:7070", "--insecure-no-admin-token"}, true},
+		// A ledger token opens LoadService only: it does not stand for an admin token.
+		{[]string{"--grpc-addr", "0.0.0.0:7070", "--ledger-token", "l", "--insecure-no-admin-token"}, false},
+		{[]string{"--grpc-addr", "0.0.0.0:7070", "--admin-token", "t", "--ledger-token", "l"}, true},
 		// The probe listener serves health and metrics only: no admin call to guard.
 		{[]string{"--probe-addr", "0.0.0.0:7081"}, true},
 	} {
@@ -173,6 +176,8 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{[]string{"--tokenizer", "no-equals-sign"}, nil, "want <model>=<dir>"},
 		{[]string{"stray"}, nil, "unexpected argument"},
 		{[]string{"--grpc-addr", "0.0.0.0:7070"}, nil, "--grpc-addr=0.0.0.0:7070 listens beyond loopback without --admin-token"},
+		{[]string{"--ledger-token", "l"}, nil, "--ledger-token is set without --admin-token"},
+		{nil, map[string]string{"KVINDEX_LEDGER_TOKEN": "l"}, "--ledger-token is set without --admin-token"},
 		{[]string{"--http-addr", ":7080"}, nil, "--http-addr=:7080 listens beyond loopback"},
 		{[]string{"--http-read-timeout", "0s"}, nil, "--http-read-timeout=0s"},
 		{[]string{"--max-watch-streams", "0"}, nil, "--max-watch-streams=0"},
@@ -199,5 +204,19 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ParseFlags(%q, %v) = %v, want an error mentioning %q", c.args, c.env, err, c.want)
 		}
+	}
+}
+
+// TestLedgerTokenFlag: --ledger-token (or KVINDEX_LEDGER_TOKEN) sets
+// Config.LedgerToken next to an admin token; one equal to the admin token
+// gives nothing more but is accepted.
+func TestLedgerTokenFlag(t *testing.T) {
+	cfg, err := ParseFlags([]string{"--admin-token", "a"}, &bytes.Buffer{}, env(map[string]string{"KVINDEX_LEDGER_TOKEN": "l"}))
+	if err != nil || cfg.AdminToken != "a" || cfg.LedgerToken != "l" {
+		t.Errorf("KVINDEX_LEDGER_TOKEN: %+v, %v", cfg, err)
+	}
+	cfg, err = ParseFlags([]string{"--admin-token", "same", "--ledger-token", "same"}, &bytes.Buffer{}, env(nil))
+	if err != nil || cfg.LedgerToken != "same" {
+		t.Errorf("a ledger token equal to the admin token: %+v, %v", cfg, err)
 	}
 }

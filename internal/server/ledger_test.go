@@ -498,3 +498,100 @@ func TestLedgerHandsOnWhatIsLeftOfEachTTL(t *testing.T) {
 		t.Errorf("bindings after 8 s away: %v, want only the 20 s one with 12000 ms left", resp.Sessions)
 	}
 }
+
+// TestLedgerTokenOpensOnlyTheLedger: with --ledger-token, a router holding it
+// shares load through LoadService as one holding the admin token does, while
+// every admin call refuses it (PERMISSION_DENIED / 403) before doing anything;
+// a wrong token opens LoadService no more than no token does.
+func TestLedgerTokenOpensOnlyTheLedger(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.AdminToken, cfg.LedgerToken = adminToken, ledgerToken
+	srv := runServer(t, cfg)
+	addr := srv.GRPCAddr()
+	waitForCond(t, 20*time.Second, "the node to lead", func() bool { return srv.node.IsLeader() && srv.backend.Ready() == nil })
+
+	// One router on the ledger token, one still on the admin token: each sees the other's load.
+	a, b := ledgerStream(t, addr, ledgerToken), ledgerStream(t, addr, adminToken)
+	if err := a.Send(&kvindexv1.ReportRequest{RouterId: "a", Full: true, Loads: []*kvindexv1.TargetLoad{{Worker: "w0", InFlight: 2}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Send(&kvindexv1.ReportRequest{RouterId: "b", Full: true, Loads: []*kvindexv1.TargetLoad{{Worker: "w1", InFlight: 5}}}); err != nil {
+		t.Fatal(err)
+	}
+	recvUntil(t, a, map[string]uint32{}, func(v map[string]uint32) bool { return v["w1/0"] == 5 && len(v) == 1 })
+	recvUntil(t, b, map[string]uint32{}, func(v map[string]uint32) bool { return v["w0/0"] == 2 && len(v) == 1 })
+
+	for _, c := range []struct {
+		token string
+		code  codes.Code
+	}{{"wrong", codes.PermissionDenied}, {"", codes.Unauthenticated}} {
+		s := ledgerStream(t, addr, c.token)
+		s.Send(&kvindexv1.ReportRequest{RouterId: "c", Full: true})
+		if _, err := s.Recv(); status.Code(err) != c.code {
+			t.Errorf("LoadService with token %q: %v, want %v", c.token, err, c.code)
+		}
+	}
+
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+ledgerToken)
+	admin := kvindexv1.NewAdminServiceClient(cc)
+	for _, c := range []struct {
+		name string
+		call func() error
+	}{
+		{"RegisterWorker", func() error {
+			_, err := admin.RegisterWorker(ctx, &kvindexv1.RegisterWorkerRequest{Worker: &kvindexv1.WorkerSpec{
+				Id: "w-new", Model: testModel, BlockSize: 4, EventsEndpoint: "tcp://127.0.0.1:1"}})
+			return err
+		}},
+		{"UnregisterWorker", func() error {
+			_, err := admin.UnregisterWorker(ctx, &kvindexv1.UnregisterWorkerRequest{WorkerId: "w-none"})
+			return err
+		}},
+		{"Join", func() error {
+			_, err := admin.Join(ctx, &kvindexv1.JoinRequest{NodeId: "b", RaftAddr: "127.0.0.1:1"})
+			return err
+		}},
+		{"Snapshot", func() error {
+			_, err := admin.Snapshot(ctx, &kvindexv1.SnapshotRequest{})
+			return err
+		}},
+		{"ForwardEvents", func() error {
+			s, err := kvindexv1.NewMemberServiceClient(cc).ForwardEvents(ctx)
+			if err != nil {
+				return err
+			}
+			// io.EOF: the server ended the stream already; CloseAndRecv says how.
+			if err := s.Send(&kvindexv1.ForwardEventsRequest{}); err != nil && !errors.Is(err, io.EOF) {
+				return err
+			}
+			_, err = s.CloseAndRecv()
+			return err
+		}},
+	} {
+		if err := c.call(); status.Code(err) != codes.PermissionDenied {
+			t.Errorf("%s with the ledger token: %v, want %v", c.name, err, codes.PermissionDenied)
+		}
+	}
+	req, err := http.NewRequest("POST", "http://"+srv.HTTPAddr()+"/register",
+		strings.NewReader(`{"instance_id": "w-rest", "model_name": "`+testModel+`", "endpoint": "tcp://127.0.0.1:1"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+ledgerToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("POST /register with the ledger token = %d %s, want 403", resp.StatusCode, body)
+	}
+}

@@ -162,7 +162,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Server, err error) {
 	s.backend.index.Store(s.node.Index())
 	s.api, err = NewAPI(s.backend, APIConfig{
 		DefaultBlockSize: cfg.Ingest.DefaultBlockSize, MaxPromptTokens: cfg.MaxPromptTokens,
-		MaxBodyBytes: cfg.MaxBodyBytes, AdminToken: cfg.AdminToken, Tokenizers: tokenizers, Fallback: fallback,
+		MaxBodyBytes: cfg.MaxBodyBytes, AdminToken: cfg.AdminToken, LedgerToken: cfg.LedgerToken, Tokenizers: tokenizers, Fallback: fallback,
 		MaxConcurrentStreams: cfg.GRPCMaxConcurrentStreams, MaxWatchStreams: cfg.MaxWatchStreams,
 		LedgerLease: cfg.LedgerLease, LedgerPushInterval: cfg.LedgerPushInterval, LedgerMaxRouters: cfg.LedgerMaxRouters,
 		HTTPWriteTimeout: cfg.HTTPWriteTimeout,
@@ -338,7 +338,7 @@ func (s *Server) Run(ctx context.Context) error {
 	run(func() { s.followReadiness(ctx) })
 	run(func() { s.followLeadership(ctx) })
 	s.log.Info("indexer started", "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "probe", s.ProbeAddr(), "raft", s.RaftAddr(), "data_dir", s.cfg.DataDir,
-		"join", s.cfg.Join, "tls", s.tls != nil, "mtls", s.cfg.TLSClientCA != "", "admin_token", s.cfg.AdminToken != "",
+		"join", s.cfg.Join, "tls", s.tls != nil, "mtls", s.cfg.TLSClientCA != "", "admin_token", s.cfg.AdminToken != "", "ledger_token", s.cfg.LedgerToken != "",
 		"transport", s.cfg.Ingest.Transport, "workers", len(s.cfg.Ingest.Workers), "zmq_bind", s.cfg.Ingest.ZMQBind,
 		"kube_selector", s.cfg.Kube.Selector, "tokenizers", len(s.cfg.Tokenizers))
 	<-ctx.Done()
