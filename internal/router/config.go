@@ -79,8 +79,9 @@ type Config struct {
 	LedgerInterval time.Duration
 	// RouterID names this router on the ledger; default host-pid.
 	RouterID string
-	// IndexerToken is sent as a bearer token on the ledger stream (the indexer's
-	// --admin-token, which LoadService requires when set).
+	// IndexerToken is sent as a bearer token on the ledger stream: the
+	// indexer's --ledger-token, which opens LoadService only (its --admin-token
+	// works too, and opens every admin call).
 	IndexerToken string
 	// TLS to the indexer: a CA to verify it (enables TLS), a client certificate
 	// for mutual TLS, and a server name to verify instead of the address's host.
@@ -344,7 +345,7 @@ func registerFlags(fs *flag.FlagSet, c *Config) {
 	fs.BoolVar(&c.Ledger, "ledger", c.Ledger, "share load, decisions and session bindings with the other routers through the indexer leader (needs --indexer)")
 	fs.DurationVar(&c.LedgerInterval, "ledger-interval", c.LedgerInterval, "how often the router reports what changed of its load to the ledger")
 	fs.StringVar(&c.RouterID, "router-id", c.RouterID, "this router's name on the ledger (default host-pid)")
-	fs.StringVar(&c.IndexerToken, "indexer-token", c.IndexerToken, "bearer token for the ledger stream: the indexer's --admin-token, when it has one")
+	fs.StringVar(&c.IndexerToken, "indexer-token", c.IndexerToken, "bearer `token` for the ledger stream: the indexer's --ledger-token (it opens the ledger only), or its --admin-token when it has no ledger token; empty when the indexer has no --admin-token")
 	fs.StringVar(&c.IndexerTLSCA, "indexer-tls-ca", c.IndexerTLSCA, "PEM CA `file` to verify the indexer with (enables TLS to it)")
 	fs.StringVar(&c.IndexerTLSCert, "indexer-tls-cert", c.IndexerTLSCert, "PEM client certificate `file` for mutual TLS with the indexer (with --indexer-tls-key)")
 	fs.StringVar(&c.IndexerTLSKey, "indexer-tls-key", c.IndexerTLSKey, "PEM client key `file` for mutual TLS with the indexer")
