@@ -1,6 +1,7 @@
 package deploytest
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"net"
@@ -188,6 +189,45 @@ func secretEnv(c corev1.Container) func(string) (string, bool) {
 	return env(kv...)
 }
 
+// adminSecret is the Secret the indexer StatefulSet s takes its admin token
+// from ("": none).
+func adminSecret(s *appsv1.StatefulSet) string {
+	for _, e := range s.Spec.Template.Spec.Containers[0].Env {
+		if e.Name == "KVINDEX_ADMIN_TOKEN" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			return e.ValueFrom.SecretKeyRef.Name
+		}
+	}
+	return ""
+}
+
+// referencesSecret reports whether pod reads Secret name in any way: a
+// variable of any container, a whole envFrom, or a volume.
+func referencesSecret(pod corev1.PodSpec, name string) bool {
+	for _, c := range slices.Concat(pod.InitContainers, pod.Containers) {
+		for _, e := range c.Env {
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == name {
+				return true
+			}
+		}
+		for _, e := range c.EnvFrom {
+			if e.SecretRef != nil && e.SecretRef.Name == name {
+				return true
+			}
+		}
+	}
+	for _, v := range pod.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == name {
+			return true
+		}
+		if v.Projected != nil && slices.ContainsFunc(v.Projected.Sources, func(p corev1.VolumeProjection) bool {
+			return p.Secret != nil && p.Secret.Name == name
+		}) {
+			return true
+		}
+	}
+	return false
+}
+
 func env(kv ...string) func(string) (string, bool) {
 	m := map[string]string{}
 	for i := 0; i+1 < len(kv); i += 2 {
@@ -313,11 +353,13 @@ func checkIndexer(t *testing.T, r *rendered, replicas int, selector string) {
 }
 
 // indexerConfig is the configuration pod 0 of the indexer StatefulSet s runs
-// with, as the indexer's own parser reads the rendered flags.
+// with, as the indexer's own parser reads the rendered flags and environment
+// (a token from a Secret reads "secret:<name>/<key>", see secretEnv).
 func indexerConfig(t *testing.T, s *appsv1.StatefulSet) server.Config {
 	t.Helper()
-	cfg, err := server.ParseFlags(expand(s.Spec.Template.Spec.Containers[0].Args, map[string]string{"POD_NAME": "kv-indexer-0", "POD_NAMESPACE": namespace}),
-		io.Discard, env("KVINDEX_ADMIN_TOKEN", "secret"))
+	c := s.Spec.Template.Spec.Containers[0]
+	cfg, err := server.ParseFlags(expand(c.Args, map[string]string{"POD_NAME": "kv-indexer-0", "POD_NAMESPACE": namespace}),
+		io.Discard, secretEnv(c))
 	if err != nil {
 		t.Fatalf("the indexer refuses the chart's flags: %v", err)
 	}
@@ -401,11 +443,16 @@ func checkRouter(t *testing.T, r *rendered, epp bool) {
 		t.Fatalf("the router refuses the chart's flags %q: %v", args, err)
 	}
 	// The routers' shared ledger (LoadService, on with --indexer) needs the
-	// indexer's admin token: the router must hold the Secret the indexer
-	// takes its token from.
-	ic := r.statefulSets["kv-indexer"].Spec.Template.Spec.Containers[0]
-	if want, _ := secretEnv(ic)("KVINDEX_ADMIN_TOKEN"); cfg.Ledger && cfg.IndexerToken != want {
-		t.Errorf("router's indexer token %q, want the indexer's admin token %q: without it the ledger stream is refused", cfg.IndexerToken, want)
+	// indexer's ledger token, or its admin token when it has none: the router
+	// must hold the Secret the indexer takes that token from. With a ledger
+	// token the router holds no reference to the admin Secret: whoever controls
+	// a router must not be able to register workers or change the membership.
+	icfg := indexerConfig(t, r.statefulSets["kv-indexer"])
+	if want := cmp.Or(icfg.LedgerToken, icfg.AdminToken); cfg.Ledger && cfg.IndexerToken != want {
+		t.Errorf("router's indexer token %q, want the indexer's ledger token, else its admin token, %q: without it the ledger stream is refused", cfg.IndexerToken, want)
+	}
+	if admin := adminSecret(r.statefulSets["kv-indexer"]); icfg.LedgerToken != "" && admin != "" && referencesSecret(d.Spec.Template.Spec, admin) {
+		t.Errorf("the indexer has a ledger token, yet the router's pod references the admin Secret %q", admin)
 	}
 	if got, want := portOf(t, cfg.Listen), containerPort(t, c, "http"); got != want {
 		t.Errorf("--listen port %d, container port http %d", got, want)
@@ -418,7 +465,6 @@ func checkRouter(t *testing.T, r *rendered, epp bool) {
 	}
 	// The router speaks to the indexer as the indexer serves: TLS when it
 	// serves TLS, with a client certificate when it asks for one.
-	icfg := indexerConfig(t, r.statefulSets["kv-indexer"])
 	switch {
 	case (icfg.TLSCert != "") != (cfg.IndexerTLSCA != ""):
 		t.Errorf("the indexer serves TLS: %v; the router dials it with TLS (--indexer-tls-ca %q): %v", icfg.TLSCert != "", cfg.IndexerTLSCA, cfg.IndexerTLSCA != "")
@@ -701,6 +747,17 @@ examples: {vllm: {enabled: true}}
 				t.Errorf("example vLLM in connect mode: labels %v, annotations %v, args %q", v.Labels, v.Annotations, v.Spec.Containers[0].Args)
 			}
 		}},
+		{"a ledger token for the routers", `
+adminToken: {existingSecret: kv-admin}
+ledgerToken: {existingSecret: kv-ledger}
+`, func(t *testing.T, r *rendered) {
+			checkIndexer(t, r, 3, "")
+			checkRouter(t, r, true) // the router's token is the indexer's ledger token, and it has no admin Secret
+			icfg := indexerConfig(t, r.statefulSets["kv-indexer"])
+			if icfg.LedgerToken != "secret:kv-ledger/token" || icfg.AdminToken != "secret:kv-admin/token" {
+				t.Errorf("indexer tokens: admin %q, ledger %q; want them from kv-admin and kv-ledger", icfg.AdminToken, icfg.LedgerToken)
+			}
+		}},
 		{"indexer only, insecure", `
 adminToken: {insecureNoAdminToken: true}
 router: {enabled: false}
@@ -731,6 +788,7 @@ func TestChartRefuses(t *testing.T) {
 		{`{adminToken: {existingSecret: a}, tls: {enabled: true, secretName: t, routerSecretName: c}}`, "tls.raftSecretName is required"},
 		{`{adminToken: {existingSecret: a}, tls: {enabled: true, secretName: t, raftSecretName: r}}`, "tls.routerSecretName is required"},
 		{`{adminToken: {existingSecret: a}, indexer: {ingest: nats}}`, "indexer.natsURL is required"},
+		{`{adminToken: {insecureNoAdminToken: true}, ledgerToken: {existingSecret: l}}`, "ledgerToken.existingSecret needs adminToken.existingSecret"},
 	} {
 		_, err := render(t, c.values)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
