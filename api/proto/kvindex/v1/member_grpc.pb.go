@@ -27,8 +27,9 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // MemberService is spoken between the members of one indexer cluster, never by
-// clients: every call carries the admin token (and, with TLS, the member's
-// certificate), like the writes a follower forwards to the leader.
+// clients: every call carries the admin token, which is all the server checks
+// (with TLS a client certificate is needed too, but any the client CA signed
+// will do), like the writes a follower forwards to the leader.
 type MemberServiceClient interface {
 	// ForwardEvents carries what engines published to a follower's --zmq-bind
 	// socket to the leader, which ingests the frames exactly as if they had
@@ -67,8 +68,9 @@ type MemberService_ForwardEventsClient = grpc.ClientStreamingClient[ForwardEvent
 // for forward compatibility.
 //
 // MemberService is spoken between the members of one indexer cluster, never by
-// clients: every call carries the admin token (and, with TLS, the member's
-// certificate), like the writes a follower forwards to the leader.
+// clients: every call carries the admin token, which is all the server checks
+// (with TLS a client certificate is needed too, but any the client CA signed
+// will do), like the writes a follower forwards to the leader.
 type MemberServiceServer interface {
 	// ForwardEvents carries what engines published to a follower's --zmq-bind
 	// socket to the leader, which ingests the frames exactly as if they had
