@@ -30,7 +30,7 @@ const EnvPrefix = "KVINDEX_"
 
 // ErrInvalidConfig is wrapped by every configuration error; the message names the
 // flag and the bad value.
-var ErrInvalidConfig = errors.New("indexer: invalid config")
+var ErrInvalidConfig = errors.New("invalid config") // cmd/indexer prefixes "indexer:"
 
 // Config is the indexer's configuration. Precedence: flags > KVINDEX_* environment
 // variables > the --config file > DefaultConfig.
