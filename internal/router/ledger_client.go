@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
@@ -31,8 +32,8 @@ import (
 // routers' predicted prefixes enter this router's overlay, so a burst split
 // over routers still co-locates.
 //
-// While the stream is down (no indexer, an election, a network fault) the
-// remote view is empty: the router routes on its own load, and
+// While the stream is down (no indexer, an election, a network fault, a leader
+// that has pushed nothing for ledgerSilence) the remote view is empty: the router routes on its own load, and
 // kvindex_router_ledger_connected says so. It re-opens the stream on the leader
 // (following not-leader answers) and re-sends its full state, which rebuilds the
 // leader's view within one round trip.
@@ -127,13 +128,31 @@ func (f *fleetLedger) conn(addr string) (*grpc.ClientConn, error) {
 	if f.tls != nil {
 		creds = credentials.NewTLS(f.tls)
 	}
-	cc, err := grpc.NewClient(addr, append(kvindexv1.FlowControlDialOptions(), grpc.WithTransportCredentials(creds))...)
+	cc, err := grpc.NewClient(addr, append(kvindexv1.FlowControlDialOptions(), grpc.WithTransportCredentials(creds),
+		grpc.WithKeepaliveParams(ledgerKeepalive))...)
 	if err != nil {
 		return nil, err
 	}
 	f.conns[addr] = cc
 	return cc, nil
 }
+
+// ledgerSilence is how long a session waits for the leader's next push before
+// it takes the leader as gone: a few of its heartbeats, so a push delayed by a
+// busy leader or network does not end a live stream. Without it a hung leader,
+// or a partition that drops packets (no FIN or RST ever arrives), would leave
+// its last view counting for as long as the kernel keeps the connection.
+const ledgerSilence = 3 * kvindexv1.LedgerHeartbeat
+
+// ledgerKeepalive pings a connection with nothing to read, as no slower than
+// the servers permit (kvindexv1.KeepaliveMinTime, with a margin so a ping
+// that arrives early is no strike), and closes it when the answer does not
+// come: a dead connection to an indexer is found before a session needs it.
+var ledgerKeepalive = keepalive.ClientParameters{
+	Time: 2 * kvindexv1.KeepaliveMinTime, Timeout: kvindexv1.KeepaliveMinTime, PermitWithoutStream: true}
+
+// errSilentLeader ends a session whose leader stopped pushing.
+var errSilentLeader = errors.New("the load ledger's leader pushed nothing for " + ledgerSilence.String())
 
 func (f *fleetLedger) close() {
 	f.mu.Lock()
@@ -204,13 +223,17 @@ func (f *fleetLedger) session(ctx context.Context, addr string) error {
 		return recvErr(stream, err)
 	}
 	recvDone := make(chan error, 1)
-	go func() { recvDone <- f.receive(stream) }()
+	start := time.Now()
+	var lastPush atomic.Int64 // time.Since(start) at the last push, monotonic
+	go func() { recvDone <- f.receive(stream, func() { lastPush.Store(int64(time.Since(start))) }) }()
 	defer func() {
 		cancel()
 		<-recvDone // the stream's context ended: Recv returns
 	}()
 	tick := time.NewTicker(f.interval)
 	defer tick.Stop()
+	silence := time.NewTimer(ledgerSilence)
+	defer silence.Stop()
 	for {
 		select {
 		case err := <-recvDone:
@@ -218,6 +241,12 @@ func (f *fleetLedger) session(ctx context.Context, addr string) error {
 			return err
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-silence.C:
+			if quiet := time.Since(start) - time.Duration(lastPush.Load()); quiet < ledgerSilence {
+				silence.Reset(ledgerSilence - quiet)
+				continue
+			}
+			return errSilentLeader
 		case <-tick.C:
 		}
 		now := f.r.ledger.Loads()
@@ -269,8 +298,9 @@ func targetLoads(now, before map[Target]Load) []*kvindexv1.TargetLoad {
 	return out
 }
 
-// receive applies the leader's views until the stream ends.
-func (f *fleetLedger) receive(stream kvindexv1.LoadService_ReportClient) error {
+// receive applies the leader's views until the stream ends, calling pushed on
+// each.
+func (f *fleetLedger) receive(stream kvindexv1.LoadService_ReportClient, pushed func()) error {
 	m := f.r.metrics
 	view := map[Target]Load{}
 	for {
@@ -278,6 +308,7 @@ func (f *fleetLedger) receive(stream kvindexv1.LoadService_ReportClient) error {
 		if err != nil {
 			return err
 		}
+		pushed()
 		m.ledgerMessages.WithLabelValues("received").Inc()
 		m.ledgerBytes.WithLabelValues("received").Add(float64(proto.Size(resp)))
 		next := make(map[Target]Load, len(view)+len(resp.Loads))

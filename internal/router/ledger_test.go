@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -533,5 +534,62 @@ func TestRemoteViewWentDown(t *testing.T) {
 		if got := wentDown(base, c.after); got != c.want {
 			t.Errorf("%s: wentDown = %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// silentLeader answers the first report of its first stream with a view and
+// then goes silent without closing the stream, and pushes nothing on the
+// streams after: a hung leader process, or a partition that drops packets (no
+// FIN/RST reaches the router).
+type silentLeader struct {
+	kvindexv1.UnimplementedLoadServiceServer
+	streams atomic.Int64
+}
+
+func (l *silentLeader) Report(s kvindexv1.LoadService_ReportServer) error {
+	if _, err := s.Recv(); err != nil {
+		return err
+	}
+	if l.streams.Add(1) > 1 {
+		<-s.Context().Done()
+		return nil
+	}
+	if err := s.Send(&kvindexv1.ReportResponse{Full: true, Routers: 2, Version: 1,
+		Loads: []*kvindexv1.TargetLoad{{Worker: "w0", InFlight: 5}}}); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// The leader pushes at least once a heartbeat, so a router tells a quiet fleet
+// from a dead stream: a leader silent for ledgerSilence ends the session, and
+// its last view no longer counts.
+func TestLedgerSilentLeaderStopsCounting(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	leader := &silentLeader{}
+	kvindexv1.RegisterLoadServiceServer(gs, leader)
+	go gs.Serve(l)
+	t.Cleanup(gs.Stop)
+
+	f := startFleet(t, 1, nil)
+	cfg := testConfig(t, f)
+	cfg.Indexer = []string{l.Addr().String()}
+	cfg.RouterID = "r"
+	r := startRouter(t, cfg)
+	w0 := Target{Worker: "w0"}
+	waitFor(t, 10*time.Second, "the first view", func() bool { return r.shared.remoteLoad(w0).InFlight == 5 })
+	waitFor(t, 10*time.Second, "the silent leader's view to stop counting", func() bool { // ten heartbeats
+		return r.shared.remoteLoad(w0).InFlight == 0 && !r.shared.connected.Load() &&
+			testutil.ToFloat64(r.metrics.ledgerConnected) == 0
+	})
+	// The router went on trying: a session that never gets a push ends too.
+	waitFor(t, 10*time.Second, "the router to reconnect and give up on silence again", func() bool { return leader.streams.Load() >= 3 })
+	if r.shared.connected.Load() {
+		t.Errorf("the router is connected to a leader that never pushed on this stream")
 	}
 }

@@ -39,10 +39,10 @@ func (a *API) GRPCServer(creds credentials.TransportCredentials, healthSrv *heal
 		grpc.ChainStreamInterceptor(a.streamInterceptor),
 		grpc.MaxRecvMsgSize(int(a.maxBodyBytes)),
 		grpc.MaxConcurrentStreams(a.maxStreams),
-		// Clients may ping no more often than every grpcKeepaliveMinTime (faster:
+		// Clients may ping no more often than every KeepaliveMinTime (faster:
 		// the connection is closed, GOAWAY too_many_pings); the server pings
 		// idle connections itself, so that a dead Watch client frees its slot.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcKeepaliveMinTime, PermitWithoutStream: true}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: kvindexv1.KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: grpcKeepaliveTime, Timeout: grpcKeepaliveTimeout}),
 		grpc.ForceServerCodecV2(newServerCodec()), // Score's fast path, scorewire.go
 		// Calls run on long-lived workers (when one is free) instead of a new
@@ -64,10 +64,10 @@ func (a *API) GRPCServer(creds credentials.TransportCredentials, healthSrv *heal
 	return s
 }
 
-// Keepalive: the shortest ping interval a client may use, and when the server
-// pings a silent connection and how long it waits for the answer.
+// Keepalive: when the server pings a silent connection and how long it waits
+// for the answer (the shortest ping interval a client may use is
+// kvindexv1.KeepaliveMinTime, a contract with the clients).
 const (
-	grpcKeepaliveMinTime = 10 * time.Second
 	grpcKeepaliveTime    = time.Minute
 	grpcKeepaliveTimeout = 20 * time.Second
 )

@@ -326,10 +326,6 @@ func (l *loadLedger) view(id string, session uint64, last map[ledgerTarget]ledge
 	return resp, next, l.changed, nil
 }
 
-// ledgerHeartbeat is the longest a router waits for a push, changed or not, so
-// it can tell a quiet fleet from a dead stream.
-const ledgerHeartbeat = time.Second
-
 // loadService implements kvindex.v1.LoadService.
 type loadService struct {
 	kvindexv1.UnimplementedLoadServiceServer
@@ -398,7 +394,7 @@ func (s loadService) Report(stream kvindexv1.LoadService_ReportServer) error {
 		l.metrics.pushes.Inc()
 		last = next
 		// Wait for a change (or the heartbeat), then at least the push interval.
-		heartbeat := time.NewTimer(ledgerHeartbeat)
+		heartbeat := time.NewTimer(kvindexv1.LedgerHeartbeat)
 		select {
 		case <-changed:
 		case <-heartbeat.C:

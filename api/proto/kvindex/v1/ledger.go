@@ -1,5 +1,7 @@
 package kvindexv1
 
+import "time"
+
 // Bounds of the shared ledger (LoadService.Report, load.proto), wire contract
 // between the routers (internal/router) and the leader (internal/server): the
 // leader refuses a report holding a prediction of more than
@@ -12,3 +14,10 @@ const (
 	LedgerMaxQueued         = 4096
 	LedgerMaxQueuedKeys     = 1 << 20
 )
+
+// LedgerHeartbeat is the longest the leader goes without a push on a Report
+// stream, changed or not, so that a router can tell a quiet fleet from a dead
+// stream: a router that has had no push for a few heartbeats takes the leader
+// as gone (a hung process, or a partition that drops packets and so never
+// closes the connection) and stops counting its view.
+const LedgerHeartbeat = time.Second

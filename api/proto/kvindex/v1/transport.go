@@ -1,6 +1,10 @@
 package kvindexv1
 
-import "google.golang.org/grpc"
+import (
+	"time"
+
+	"google.golang.org/grpc"
+)
 
 // FlowControlWindow is the HTTP/2 flow-control window, per stream and per
 // connection, that kvindex's gRPC servers and clients announce. A fixed window
@@ -13,6 +17,11 @@ import "google.golang.org/grpc"
 // estimator would let it be), and holds each stream's unread data to 1 MiB,
 // where the estimator lets a window grow to 16 MiB.
 const FlowControlWindow = 1 << 20
+
+// KeepaliveMinTime is the shortest keepalive ping interval kvindex's gRPC
+// servers permit a client; a client pinging more often has its connection
+// closed (GOAWAY too_many_pings).
+const KeepaliveMinTime = 10 * time.Second
 
 // FlowControlServerOptions fixes a server's receive windows at FlowControlWindow.
 func FlowControlServerOptions() []grpc.ServerOption {
