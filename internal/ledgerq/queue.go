@@ -6,7 +6,8 @@
 // LedgerMaxQueuedKeys predicted keys) and both hand on what is left of each
 // message's TTL, so a decision that waited (a stream down, an election, a
 // router reconnecting within its lease) is not taken as fresh, and an expired
-// one is not sent at all.
+// one is not sent at all. Both take it a message's worth at a time
+// (LedgerMaxMessageBytes), as a full queue is more than one message carries.
 //
 // A Queue is not safe for concurrent use: its owner's mutex guards it.
 package ledgerq
@@ -14,6 +15,8 @@ package ledgerq
 import (
 	"math"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 )
@@ -70,31 +73,60 @@ func (q *Queue) Keys() int { return q.keys }
 // Reset empties the queue.
 func (q *Queue) Reset() { *q = Queue{} }
 
-// Take empties the queue and returns, in arrival order, copies of the messages
-// whose TTL has not run out by now, each TTL cut to what is left of it. The
-// copies keep the fields this build does not know (a newer router's, passing
-// through an older leader during a rolling upgrade).
-func (q *Queue) Take(now time.Time) ([]*kvindexv1.PredictedPrefix, []*kvindexv1.SessionBinding) {
-	var predicted []*kvindexv1.PredictedPrefix
-	for _, e := range q.predicted {
-		if ttl, ok := left(e.msg.TtlMs, now.Sub(e.at)); ok {
-			p := e.msg
-			c := &kvindexv1.PredictedPrefix{Worker: p.Worker, DpRank: p.DpRank, Keys: p.Keys, TtlMs: ttl, RouterId: p.RouterId}
-			c.ProtoReflect().SetUnknown(p.ProtoReflect().GetUnknown())
-			predicted = append(predicted, c)
-		}
+// Take removes from the queue the oldest messages that one report or push
+// carries, at most kvindexv1.LedgerMaxMessageBytes of predictions and as much
+// of bindings on the wire (at least one of each, which the bounds on a message
+// keep under it), and returns, in arrival order, copies of those whose TTL has
+// not run out by now, each TTL cut to what is left of it; more says whether
+// messages are left for the next one. The copies keep the fields this build
+// does not know (a newer router's, passing through an older leader during a
+// rolling upgrade).
+func (q *Queue) Take(now time.Time) (predicted []*kvindexv1.PredictedPrefix, sessions []*kvindexv1.SessionBinding, more bool) {
+	predicted, n := take(q.predicted, now, func(p *kvindexv1.PredictedPrefix, ttl uint32) *kvindexv1.PredictedPrefix {
+		return &kvindexv1.PredictedPrefix{Worker: p.Worker, DpRank: p.DpRank, Keys: p.Keys, TtlMs: ttl, RouterId: p.RouterId}
+	})
+	for _, e := range q.predicted[:n] {
+		q.keys -= len(e.msg.Keys)
 	}
-	var sessions []*kvindexv1.SessionBinding
-	for _, e := range q.sessions {
-		if ttl, ok := left(e.msg.TtlMs, now.Sub(e.at)); ok {
-			s := e.msg
-			c := &kvindexv1.SessionBinding{Key: s.Key, Worker: s.Worker, TtlMs: ttl}
-			c.ProtoReflect().SetUnknown(s.ProtoReflect().GetUnknown())
-			sessions = append(sessions, c)
-		}
+	clear(q.predicted[:n])
+	q.predicted = q.predicted[n:]
+	sessions, n = take(q.sessions, now, func(s *kvindexv1.SessionBinding, ttl uint32) *kvindexv1.SessionBinding {
+		return &kvindexv1.SessionBinding{Key: s.Key, Worker: s.Worker, TtlMs: ttl}
+	})
+	clear(q.sessions[:n])
+	q.sessions = q.sessions[n:]
+	if len(q.predicted)+len(q.sessions) == 0 {
+		q.Reset() // lets go of the arrays
+		return predicted, sessions, false
 	}
-	q.Reset()
-	return predicted, sessions
+	return predicted, sessions, true
+}
+
+// take copies (by cut, with the TTL left) the oldest of items that fit
+// LedgerMaxMessageBytes, skipping those that ran out, and returns the copies and
+// how many items they used up.
+func take[T interface {
+	proto.Message
+	GetTtlMs() uint32
+}](items []item[T], now time.Time, cut func(T, uint32) T) ([]T, int) {
+	var out []T
+	size, n := 0, 0
+	for ; n < len(items); n++ {
+		e := items[n]
+		ttl, ok := left(e.msg.GetTtlMs(), now.Sub(e.at))
+		if !ok {
+			continue
+		}
+		c := cut(e.msg, ttl)
+		c.ProtoReflect().SetUnknown(e.msg.ProtoReflect().GetUnknown())
+		s := proto.Size(c)
+		if len(out) > 0 && size+s > kvindexv1.LedgerMaxMessageBytes {
+			break
+		}
+		size += s
+		out = append(out, c)
+	}
+	return out, n
 }
 
 // left is what remains of ttlMs after waited (a clock stepping back counts as

@@ -25,14 +25,14 @@ func TestTakeCutsEachTTLByItsWait(t *testing.T) {
 	q.AddSessions(t0, &kvindexv1.SessionBinding{Key: "s1", Worker: "a", TtlMs: 30000})
 	q.AddPredicted(t0.Add(4*time.Second), prediction("b", 1, 2*time.Second))
 	q.AddSessions(t0.Add(4*time.Second), &kvindexv1.SessionBinding{Key: "s2", Worker: "b", TtlMs: 30000})
-	pred, sess := q.Take(t0.Add(7 * time.Second)) // a: 3 s of 10 left; b's 2 s ran out
+	pred, sess, _ := q.Take(t0.Add(7 * time.Second)) // a: 3 s of 10 left; b's 2 s ran out
 	if len(pred) != 1 || pred[0].Worker != "a" || pred[0].TtlMs != 3000 {
 		t.Errorf("predictions %v, want only a's with 3000 ms left", pred)
 	}
 	if len(sess) != 2 || sess[0].TtlMs != 23000 || sess[1].TtlMs != 27000 {
 		t.Errorf("bindings %v, want s1 with 23000 ms and s2 with 27000 ms left", sess)
 	}
-	if pred, sess := q.Take(t0.Add(7 * time.Second)); len(pred)+len(sess) != 0 || q.Keys() != 0 {
+	if pred, sess, _ := q.Take(t0.Add(7 * time.Second)); len(pred)+len(sess) != 0 || q.Keys() != 0 {
 		t.Errorf("the queue still held %v %v (%d keys) after it was taken", pred, sess, q.Keys())
 	}
 }
@@ -48,7 +48,7 @@ func TestTakeLeavesSharedMessagesAlone(t *testing.T) {
 		q.AddSessions(t0, binding)
 	}
 	late.Take(t0.Add(6 * time.Second))
-	pred, sess := early.Take(t0.Add(time.Second))
+	pred, sess, _ := early.Take(t0.Add(time.Second))
 	if len(pred) != 1 || pred[0].TtlMs != 9000 || len(sess) != 1 || sess[0].TtlMs != 9000 {
 		t.Errorf("after another queue took them at 6 s, this one hands on %v %v, want 9000 ms left", pred, sess)
 	}
@@ -88,7 +88,7 @@ func TestTakeCopiesEveryField(t *testing.T) {
 	var q Queue
 	q.AddPredicted(t0, p)
 	q.AddSessions(t0, s)
-	pred, sess := q.Take(t0)
+	pred, sess, _ := q.Take(t0)
 	if len(pred) != 1 || !proto.Equal(pred[0], p) {
 		t.Errorf("prediction copied as %v, want %v", pred, p)
 	}
@@ -118,7 +118,7 @@ func TestAddKeepsTheNewestWithinTheBounds(t *testing.T) {
 					t.Fatalf("%d keys held after %d predictions, bound %d", q.Keys(), i+1, kvindexv1.LedgerMaxQueuedKeys)
 				}
 			}
-			pred, sess := q.Take(t0)
+			pred, sess := takeAll(t, &q, t0)
 			if len(pred) != c.wantCount {
 				t.Fatalf("%d predictions kept, want %d", len(pred), c.wantCount)
 			}
@@ -154,7 +154,7 @@ func TestTakeAtTheEdges(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var q Queue
 			q.AddPredicted(t0, newer)
-			pred, _ := q.Take(t0.Add(c.waited))
+			pred, _, _ := q.Take(t0.Add(c.waited))
 			switch {
 			case c.wantTTL == 0 && len(pred) != 0:
 				t.Fatalf("handed on %v, want it dropped", pred)
@@ -176,7 +176,7 @@ func TestAddOfMoreThanTheBoundAtOnce(t *testing.T) {
 	}
 	var q Queue
 	q.AddPredicted(t0, batch...)
-	pred, _ := q.Take(t0)
+	pred, _ := takeAll(t, &q, t0)
 	if len(pred) != kvindexv1.LedgerMaxQueued || pred[0].Worker != "10" {
 		t.Fatalf("kept %d from #%s, want the newest %d from #10", len(pred), pred[0].Worker, kvindexv1.LedgerMaxQueued)
 	}
@@ -195,6 +195,74 @@ func TestTTLMs(t *testing.T) {
 	} {
 		if got := TTLMs(c.d); got != c.want {
 			t.Errorf("TTLMs(%v) = %d, want %d", c.d, got, c.want)
+		}
+	}
+}
+
+// takeAll takes message after message until the queue is empty.
+func takeAll(t *testing.T, q *Queue, now time.Time) ([]*kvindexv1.PredictedPrefix, []*kvindexv1.SessionBinding) {
+	t.Helper()
+	var pred []*kvindexv1.PredictedPrefix
+	var sess []*kvindexv1.SessionBinding
+	for more := true; more; {
+		var p []*kvindexv1.PredictedPrefix
+		var s []*kvindexv1.SessionBinding
+		p, s, more = q.Take(now)
+		if more && len(p)+len(s) == 0 {
+			t.Fatal("Take took nothing and says more is left")
+		}
+		pred, sess = append(pred, p...), append(sess, s...)
+	}
+	return pred, sess
+}
+
+// A full queue is far more than a message may carry: Take hands it on in
+// messages of at most LedgerMaxMessageBytes of each kind, oldest first, losing
+// nothing, and the key count follows what is left.
+func TestTakeHandsOnAFullQueueAMessageAtATime(t *testing.T) {
+	var q Queue
+	n := kvindexv1.LedgerMaxQueuedKeys / kvindexv1.LedgerMaxPredictionKeys
+	for i := range n {
+		p := prediction(fmt.Sprint(i), kvindexv1.LedgerMaxPredictionKeys, time.Minute)
+		for k := range p.Keys {
+			p.Keys[k] = math.MaxUint64 - uint64(k) // 10 bytes each on the wire, as real keys
+		}
+		q.AddPredicted(t0, p)
+	}
+	for i := range kvindexv1.LedgerMaxQueued {
+		q.AddSessions(t0, &kvindexv1.SessionBinding{Key: fmt.Sprintf("%0255d", i), Worker: "w", TtlMs: 60000})
+	}
+	var pred []*kvindexv1.PredictedPrefix
+	var sess []*kvindexv1.SessionBinding
+	messages := 0
+	for more := true; more; messages++ {
+		var p []*kvindexv1.PredictedPrefix
+		var s []*kvindexv1.SessionBinding
+		p, s, more = q.Take(t0)
+		// Each message in a report adds its tag and length (4 bytes) to its size.
+		if size := proto.Size(&kvindexv1.ReportRequest{Predicted: p}); size > kvindexv1.LedgerMaxMessageBytes+4*len(p) {
+			t.Fatalf("message %d carries %d bytes of predictions, over %d", messages, size, kvindexv1.LedgerMaxMessageBytes)
+		}
+		if size := proto.Size(&kvindexv1.ReportRequest{Sessions: s}); size > kvindexv1.LedgerMaxMessageBytes+4*len(s) {
+			t.Fatalf("message %d carries %d bytes of bindings, over %d", messages, size, kvindexv1.LedgerMaxMessageBytes)
+		}
+		pred, sess = append(pred, p...), append(sess, s...)
+		if want := (n - len(pred)) * kvindexv1.LedgerMaxPredictionKeys; q.Keys() != want {
+			t.Fatalf("%d keys counted after message %d, want %d", q.Keys(), messages, want)
+		}
+		if messages > n+kvindexv1.LedgerMaxQueued {
+			t.Fatal("Take never empties the queue")
+		}
+	}
+	if messages < 2 {
+		t.Fatalf("a full queue went in %d message", messages)
+	}
+	if len(pred) != n || len(sess) != kvindexv1.LedgerMaxQueued {
+		t.Fatalf("%d predictions and %d bindings handed on, want %d and %d", len(pred), len(sess), n, kvindexv1.LedgerMaxQueued)
+	}
+	for i, p := range pred {
+		if p.Worker != fmt.Sprint(i) {
+			t.Fatalf("prediction %d handed on is #%s, want arrival order", i, p.Worker)
 		}
 	}
 }

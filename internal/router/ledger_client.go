@@ -109,13 +109,16 @@ func (f *fleetLedger) queue(keys []uint64, t Target, sessionKey string, predicte
 	}
 }
 
-// takeOutbox empties the outbox, with each entry's TTL cut by the time it
-// waited; entries whose TTL ran out meanwhile are dropped.
+// takeOutbox takes from the outbox what one report carries, the oldest first
+// (ledgerq.Take: the rest goes with the next reports, one a --ledger-interval),
+// with each entry's TTL cut by the time it waited; entries whose TTL ran out
+// meanwhile are dropped.
 func (f *fleetLedger) takeOutbox() ([]*kvindexv1.PredictedPrefix, []*kvindexv1.SessionBinding) {
 	now := f.r.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.outbox.Take(now)
+	pred, sess, _ := f.outbox.Take(now)
+	return pred, sess
 }
 
 func (f *fleetLedger) conn(addr string) (*grpc.ClientConn, error) {

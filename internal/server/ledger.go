@@ -286,8 +286,9 @@ func (l *loadLedger) close(id string, session uint64) {
 
 // view returns what router id should see on its stream session: the total
 // minus its own load, as the changes against last (or whole, when last is nil),
-// plus its queued messages. It also returns the channel that the next change
-// closes. It fails when the router reconnected on another stream, which must
+// plus its queued messages, as many as one push carries (ledgerq.Take). It
+// also returns the channel that the next change closes (closed already when
+// messages are left for the next push). It fails when the router reconnected on another stream, which must
 // not take the new stream's messages (a partitioned router's old stream lives
 // on until keepalive ends it).
 func (l *loadLedger) view(id string, session uint64, last map[ledgerTarget]ledgerLoad) (*kvindexv1.ReportResponse, map[ledgerTarget]ledgerLoad, <-chan struct{}, error) {
@@ -320,11 +321,24 @@ func (l *loadLedger) view(id string, session uint64, last map[ledgerTarget]ledge
 			resp.Loads = append(resp.Loads, &kvindexv1.TargetLoad{Worker: t.worker, DpRank: t.rank})
 		}
 	}
+	changed := l.changed
 	if r != nil {
-		resp.Predicted, resp.Sessions = r.queue.Take(now)
+		var more bool
+		resp.Predicted, resp.Sessions, more = r.queue.Take(now)
+		if more { // a message's worth taken: the rest goes with the next push
+			changed = alreadyChanged
+		}
 	}
-	return resp, next, l.changed, nil
+	return resp, next, changed, nil
 }
+
+// alreadyChanged is the channel view returns when a router's queue holds more
+// than one push carries: the next push is due at once.
+var alreadyChanged = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // loadService implements kvindex.v1.LoadService.
 type loadService struct {

@@ -17,10 +17,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/bench/fakeengine/fakeenginetest"
 	kvindex "github.com/kvindex/kvindex/clients/go"
+	"github.com/kvindex/kvindex/internal/ledgerq"
 	"github.com/kvindex/kvindex/internal/router"
 	"github.com/kvindex/kvindex/internal/workerspec"
 )
@@ -437,11 +439,19 @@ func TestLedgerBoundsQueuedPredictions(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			resp, _, _, _ := l.view("slow", 1, nil)
-			if len(resp.Predicted) != c.wantCount {
-				t.Fatalf("%d predictions queued, want %d", len(resp.Predicted), c.wantCount)
+			// A push carries a message's worth (ledgerq.Take), the next ones the rest.
+			var predicted []*kvindexv1.PredictedPrefix
+			for range c.wantCount {
+				resp, _, _, _ := l.view("slow", 1, nil)
+				if len(resp.Predicted) == 0 {
+					break
+				}
+				predicted = append(predicted, resp.Predicted...)
 			}
-			for i, p := range resp.Predicted {
+			if len(predicted) != c.wantCount {
+				t.Fatalf("%d predictions queued, want %d", len(predicted), c.wantCount)
+			}
+			for i, p := range predicted {
 				if want := uint64(c.n - c.wantCount + i); p.Keys[0] != want {
 					t.Fatalf("queued prediction %d is #%d, want #%d (the newest, in order)", i, p.Keys[0], want)
 				}
@@ -594,4 +604,142 @@ func TestLedgerTokenOpensOnlyTheLedger(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden {
 		t.Errorf("POST /register with the ledger token = %d %s, want 403", resp.StatusCode, body)
 	}
+}
+
+// realKeys are n block keys as xxh3 makes them: 64-bit values, most 10 bytes
+// as varints.
+func realKeys(seed, n int) []uint64 {
+	keys := make([]uint64, n)
+	for i := range keys {
+		keys[i] = 0x9E3779B97F4A7C15*uint64(seed*n+i+1) | 1<<63
+	}
+	return keys
+}
+
+// fullOfLongPrompts fills q with the longest predictions up to its key bound,
+// as a router's outbox or the leader's queue for a router is after an outage.
+func fullOfLongPrompts(q *ledgerq.Queue, router string, ttl time.Duration) {
+	for i := range kvindexv1.LedgerMaxQueuedKeys / kvindexv1.LedgerMaxPredictionKeys {
+		q.AddPredicted(time.Now(), &kvindexv1.PredictedPrefix{Worker: "w0", Keys: realKeys(i, kvindexv1.LedgerMaxPredictionKeys),
+			TtlMs: ledgerq.TTLMs(ttl), RouterId: router})
+	}
+}
+
+// recvKeys reads pushes until they have carried want predicted keys, for at most
+// 20 s.
+func recvKeys(t *testing.T, s kvindexv1.LoadService_ReportClient, want int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	got := 0
+	for got < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d predicted keys of %d arrived in 20 s", got, want)
+		}
+		resp, err := s.Recv()
+		if err != nil {
+			t.Fatalf("after %d predicted keys of %d: %v (code %v)", got, want, err, status.Code(err))
+		}
+		for _, p := range resp.Predicted {
+			got += len(p.Keys)
+		}
+	}
+	if got != want {
+		t.Fatalf("%d predicted keys arrived, want %d", got, want)
+	}
+}
+
+// A router's outbox after an outage holds up to LedgerMaxQueuedKeys keys, far
+// over --max-body-bytes in one message: sent as the router sends it, a message
+// of at most LedgerMaxMessageBytes of decisions after another, the leader takes
+// all of it and hands all of it on.
+func TestLedgerAcceptsAFullOutbox(t *testing.T) {
+	cfg := testConfig(t)
+	srv := runServer(t, cfg)
+	waitForCond(t, 20*time.Second, "the node to lead", func() bool { return srv.node.IsLeader() && srv.backend.Ready() == nil })
+	other := ledgerStream(t, srv.GRPCAddr(), "")
+	s := ledgerStream(t, srv.GRPCAddr(), "")
+	for id, st := range map[string]kvindexv1.LoadService_ReportClient{"other": other, "r": s} {
+		if err := st.Send(&kvindexv1.ReportRequest{RouterId: id, Full: true}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var outbox ledgerq.Queue
+	fullOfLongPrompts(&outbox, "r", time.Minute)
+	for more := true; more; {
+		rep := &kvindexv1.ReportRequest{RouterId: "r"}
+		rep.Predicted, rep.Sessions, more = outbox.Take(time.Now())
+		if size := proto.Size(rep); size > int(cfg.MaxBodyBytes) {
+			t.Fatalf("a report of %d bytes from the outbox, over --max-body-bytes %d", size, cfg.MaxBodyBytes)
+		}
+		if err := s.Send(rep); err != nil {
+			t.Fatalf("the leader ended the stream on a report from a router's outbox: %v", recvErr(s))
+		}
+	}
+	recvKeys(t, other, kvindexv1.LedgerMaxQueuedKeys)
+}
+
+// recvErr is the stream's error after a failed Send.
+func recvErr(s kvindexv1.LoadService_ReportClient) error {
+	for {
+		if _, err := s.Recv(); err != nil {
+			return err
+		}
+	}
+}
+
+// The leader's queue for a router reconnecting within its lease may hold
+// LedgerMaxQueuedKeys keys; the router dials with gRPC's default receive limit
+// (4 MiB), and it receives all of them, a push of at most
+// LedgerMaxMessageBytes of decisions after another.
+func TestLedgerRouterCanTakeTheLeadersQueue(t *testing.T) {
+	cfg := testConfig(t)
+	srv := runServer(t, cfg)
+	addr := srv.GRPCAddr()
+	waitForCond(t, 20*time.Second, "the node to lead", func() bool { return srv.node.IsLeader() && srv.backend.Ready() == nil })
+	// "away" as the router dials (router/ledger_client.go conn).
+	cc, err := grpc.NewClient(addr, append(kvindexv1.FlowControlDialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	away, err := kvindexv1.NewLoadServiceClient(cc).Report(ctx1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	away.Send(&kvindexv1.ReportRequest{RouterId: "away", Full: true})
+	if _, err := away.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	sender := ledgerStream(t, addr, "")
+	sender.Send(&kvindexv1.ReportRequest{RouterId: "sender", Full: true})
+	if _, err := sender.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	cancel1() // away's stream drops; its lease (10 s) keeps its queue
+	waitForCond(t, 5*time.Second, "away's stream to close", func() bool {
+		srv.api.ledger.mu.Lock()
+		defer srv.api.ledger.mu.Unlock()
+		return srv.api.ledger.routers["away"] != nil && srv.api.ledger.routers["away"].session == 0
+	})
+	for i := range kvindexv1.LedgerMaxQueuedKeys / kvindexv1.LedgerMaxPredictionKeys { // one decision a report
+		p := &kvindexv1.PredictedPrefix{Worker: "w0", Keys: realKeys(i, kvindexv1.LedgerMaxPredictionKeys), TtlMs: 60_000, RouterId: "sender"}
+		if err := sender.Send(&kvindexv1.ReportRequest{RouterId: "sender", Predicted: []*kvindexv1.PredictedPrefix{p}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitForCond(t, 10*time.Second, "away's queue to fill", func() bool {
+		srv.api.ledger.mu.Lock()
+		defer srv.api.ledger.mu.Unlock()
+		return srv.api.ledger.routers["away"].queue.Keys() == kvindexv1.LedgerMaxQueuedKeys
+	})
+	again, err := kvindexv1.NewLoadServiceClient(cc).Report(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	again.Send(&kvindexv1.ReportRequest{RouterId: "away", Full: true})
+	recvKeys(t, again, kvindexv1.LedgerMaxQueuedKeys)
 }

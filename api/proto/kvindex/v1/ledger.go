@@ -9,10 +9,18 @@ import "time"
 // router's outbox holds while its stream is down, at most LedgerMaxQueued
 // predictions (and as many session bindings) with LedgerMaxQueuedKeys keys in
 // all (8 MiB), keeping the newest.
+//
+// A queue that full is ~10 MiB on the wire, so neither side sends it in one
+// message: a report or a push carries at most LedgerMaxMessageBytes of
+// predictions and as much of session bindings, the oldest first, and the rest
+// follow in the next ones. With its loads a message then stays well under the
+// 4 MiB that gRPC receives by default, as routers do, and under the indexer's
+// default --max-body-bytes.
 const (
 	LedgerMaxPredictionKeys = 1 << 16
 	LedgerMaxQueued         = 4096
 	LedgerMaxQueuedKeys     = 1 << 20
+	LedgerMaxMessageBytes   = 1 << 20
 )
 
 // LedgerHeartbeat is the longest the leader goes without a push on a Report
