@@ -38,8 +38,16 @@ type item[T any] struct {
 // LedgerMaxPredictionKeys, fewer than LedgerMaxQueuedKeys, so the newest always
 // stays (one over it would be dropped too). Messages are not modified, here or
 // by Take, so one message may sit in many queues.
+//
+// The fields this build does not know are not queued (a copy is, without
+// them): the bounds count messages and keys, and a message's unknown fields
+// could otherwise hold any number of bytes each. So a newer router's field does
+// not pass through an older leader during a rolling upgrade.
 func (q *Queue) AddPredicted(now time.Time, predicted ...*kvindexv1.PredictedPrefix) {
 	for _, p := range predicted {
+		if len(p.ProtoReflect().GetUnknown()) > 0 {
+			p = predictionWith(p, p.TtlMs)
+		}
 		q.predicted = append(q.predicted, item[*kvindexv1.PredictedPrefix]{p, now})
 		q.keys += len(p.Keys)
 	}
@@ -56,9 +64,12 @@ func (q *Queue) AddPredicted(now time.Time, predicted ...*kvindexv1.PredictedPre
 }
 
 // AddSessions queues session bindings that arrived at now, keeping the newest
-// LedgerMaxQueued.
+// LedgerMaxQueued, without their unknown fields as AddPredicted.
 func (q *Queue) AddSessions(now time.Time, sessions ...*kvindexv1.SessionBinding) {
 	for _, s := range sessions {
+		if len(s.ProtoReflect().GetUnknown()) > 0 {
+			s = bindingWith(s, s.TtlMs)
+		}
 		q.sessions = append(q.sessions, item[*kvindexv1.SessionBinding]{s, now})
 	}
 	if over := len(q.sessions) - kvindexv1.LedgerMaxQueued; over > 0 {
@@ -78,21 +89,15 @@ func (q *Queue) Reset() { *q = Queue{} }
 // of bindings on the wire (at least one of each, which the bounds on a message
 // keep under it), and returns, in arrival order, copies of those whose TTL has
 // not run out by now, each TTL cut to what is left of it; more says whether
-// messages are left for the next one. The copies keep the fields this build
-// does not know (a newer router's, passing through an older leader during a
-// rolling upgrade).
+// messages are left for the next one.
 func (q *Queue) Take(now time.Time) (predicted []*kvindexv1.PredictedPrefix, sessions []*kvindexv1.SessionBinding, more bool) {
-	predicted, n := take(q.predicted, now, func(p *kvindexv1.PredictedPrefix, ttl uint32) *kvindexv1.PredictedPrefix {
-		return &kvindexv1.PredictedPrefix{Worker: p.Worker, DpRank: p.DpRank, Keys: p.Keys, TtlMs: ttl, RouterId: p.RouterId}
-	})
+	predicted, n := take(q.predicted, now, predictionWith)
 	for _, e := range q.predicted[:n] {
 		q.keys -= len(e.msg.Keys)
 	}
 	clear(q.predicted[:n])
 	q.predicted = q.predicted[n:]
-	sessions, n = take(q.sessions, now, func(s *kvindexv1.SessionBinding, ttl uint32) *kvindexv1.SessionBinding {
-		return &kvindexv1.SessionBinding{Key: s.Key, Worker: s.Worker, TtlMs: ttl}
-	})
+	sessions, n = take(q.sessions, now, bindingWith)
 	clear(q.sessions[:n])
 	q.sessions = q.sessions[n:]
 	if len(q.predicted)+len(q.sessions) == 0 {
@@ -118,7 +123,6 @@ func take[T interface {
 			continue
 		}
 		c := cut(e.msg, ttl)
-		c.ProtoReflect().SetUnknown(e.msg.ProtoReflect().GetUnknown())
 		s := proto.Size(c)
 		if len(out) > 0 && size+s > kvindexv1.LedgerMaxMessageBytes {
 			break
@@ -127,6 +131,16 @@ func take[T interface {
 		out = append(out, c)
 	}
 	return out, n
+}
+
+// predictionWith is a copy of p's known fields with TTL ttl.
+func predictionWith(p *kvindexv1.PredictedPrefix, ttl uint32) *kvindexv1.PredictedPrefix {
+	return &kvindexv1.PredictedPrefix{Worker: p.Worker, DpRank: p.DpRank, Keys: p.Keys, TtlMs: ttl, RouterId: p.RouterId}
+}
+
+// bindingWith is a copy of s's known fields with TTL ttl.
+func bindingWith(s *kvindexv1.SessionBinding, ttl uint32) *kvindexv1.SessionBinding {
+	return &kvindexv1.SessionBinding{Key: s.Key, Worker: s.Worker, TtlMs: ttl}
 }
 
 // left is what remains of ttlMs after waited (a clock stepping back counts as

@@ -78,6 +78,9 @@ type ledgerRouter struct {
 
 // Bounds of what one router can make the leader hold.
 const (
+	// maxLedgerTargetsPerReport bounds the targets of one report and those one
+	// router holds: a router holding more could not report its whole state in
+	// a full report, so partial reports may not add up to more either.
 	maxLedgerTargetsPerReport = 1 << 16
 	// The queues per router and the keys of one prediction are bounded by
 	// kvindexv1.LedgerMaxQueued, LedgerMaxQueuedKeys (8 MiB: 4096 predictions of
@@ -209,8 +212,35 @@ func (l *loadLedger) report(id string, session uint64, rep *kvindexv1.ReportRequ
 	if r == nil || r.session != session {
 		return errReplaced(id)
 	}
+	if n := heldAfter(r, rep); n > maxLedgerTargetsPerReport {
+		return invalidArg("router %q would hold load on %d targets, more than %d (the most a full report lists)",
+			id, n, maxLedgerTargetsPerReport)
+	}
 	l.applyLocked(id, r, rep)
 	return nil
+}
+
+// heldAfter is how many targets r holds load on once the partial report rep is
+// applied (a full one holds what it lists, bounded by validateReport).
+func heldAfter(r *ledgerRouter, rep *kvindexv1.ReportRequest) int {
+	if rep.Full || len(rep.Loads) == 0 {
+		return len(r.loads)
+	}
+	holds := make(map[ledgerTarget]bool, len(rep.Loads)) // the last value listed wins
+	for _, tl := range rep.Loads {
+		holds[ledgerTarget{tl.Worker, tl.DpRank}] = tl.InFlight != 0 || tl.PrefillTokens != 0 || tl.DecodeBlocks != 0
+	}
+	n := len(r.loads)
+	for t, h := range holds {
+		_, held := r.loads[t]
+		switch {
+		case h && !held:
+			n++
+		case !h && held:
+			n--
+		}
+	}
+	return n
 }
 
 // errReplaced ends a stream whose router reconnected on another one.

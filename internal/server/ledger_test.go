@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
@@ -742,4 +743,67 @@ func TestLedgerRouterCanTakeTheLeadersQueue(t *testing.T) {
 	}
 	again.Send(&kvindexv1.ReportRequest{RouterId: "away", Full: true})
 	recvKeys(t, again, kvindexv1.LedgerMaxQueuedKeys)
+}
+
+// Partial reports may not add up to more targets than one report may list:
+// that bounds what one router makes the leader hold. A report that would go
+// over is refused whole; one that replaces targets within the bound is not.
+func TestLedgerTargetsPerRouterBounded(t *testing.T) {
+	m, _ := newLedgerMetrics(nil)
+	l := newLoadLedger(time.Minute, time.Millisecond, 4, m, clusterLogger())
+	if err := l.open(&kvindexv1.ReportRequest{RouterId: "r", Full: true}, 1); err != nil {
+		t.Fatal(err)
+	}
+	batch := func(b int, inFlight uint32) *kvindexv1.ReportRequest {
+		loads := make([]*kvindexv1.TargetLoad, maxLedgerTargetsPerReport)
+		for i := range loads {
+			loads[i] = &kvindexv1.TargetLoad{Worker: "w", DpRank: uint32(b*maxLedgerTargetsPerReport + i), InFlight: inFlight}
+		}
+		return &kvindexv1.ReportRequest{RouterId: "r", Loads: loads}
+	}
+	if err := l.report("r", 1, batch(0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.report("r", 1, batch(1, 1)); !errors.Is(err, ErrInvalidArgument) || status.Code(grpcError(err)) != codes.InvalidArgument {
+		t.Fatalf("a report taking a router to %d targets: %v, want INVALID_ARGUMENT", 2*maxLedgerTargetsPerReport, err)
+	}
+	if n := len(l.routers["r"].loads); n != maxLedgerTargetsPerReport || len(l.total) != n {
+		t.Fatalf("after the refused report one router holds %d targets (%d in the total), want the %d it had",
+			n, len(l.total), maxLedgerTargetsPerReport)
+	}
+	// Half the targets released, half of the next batch taken: within the bound.
+	rep := batch(1, 1)
+	rep.Loads = rep.Loads[:maxLedgerTargetsPerReport/2]
+	rep.Loads = append(rep.Loads, batch(0, 0).Loads[:maxLedgerTargetsPerReport/2]...)
+	if err := l.report("r", 1, rep); err != nil {
+		t.Fatalf("a report moving load within the bound: %v", err)
+	}
+	if n := len(l.routers["r"].loads); n != maxLedgerTargetsPerReport {
+		t.Fatalf("one router holds %d targets, want %d", n, maxLedgerTargetsPerReport)
+	}
+}
+
+// The key bound bounds memory: a queued prediction does not keep its unknown
+// fields, so 4096 queued predictions of no keys cannot each hold a whole
+// --max-body-bytes.
+func TestLedgerQueueBytesBounded(t *testing.T) {
+	m, _ := newLedgerMetrics(nil)
+	l := newLoadLedger(time.Minute, time.Millisecond, 4, m, clusterLogger())
+	for i, id := range []string{"slow", "sender"} {
+		if err := l.open(&kvindexv1.ReportRequest{RouterId: id, Full: true}, uint64(i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	blob := protowire.AppendBytes(protowire.AppendTag(nil, 99, protowire.BytesType), make([]byte, 1<<20))
+	for range 32 { // 32 reports; an attacker could send 4096 of 4 MiB each
+		p := &kvindexv1.PredictedPrefix{Worker: "w0", TtlMs: 3_600_000, RouterId: "sender"}
+		p.ProtoReflect().SetUnknown(blob)
+		if err := l.report("sender", 2, &kvindexv1.ReportRequest{RouterId: "sender", Predicted: []*kvindexv1.PredictedPrefix{p}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, _, _, _ := l.view("slow", 1, nil)
+	if size := proto.Size(resp); len(resp.Predicted) != 32 || size > 32*64 {
+		t.Fatalf("the leader held %d bytes for %d predictions of no keys", size, len(resp.Predicted))
+	}
 }
