@@ -107,7 +107,7 @@ func newLedgerMetrics(reg prometheus.Registerer) (*ledgerMetrics, error) {
 		pushes: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvindex_ledger_pushes_total",
 			Help: "Fleet views pushed to routers."}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvindex_ledger_leases_expired_total",
-			Help: "Routers dropped because their stream was gone for the lease."}),
+			Help: "Routers dropped because their stream was gone for the lease, or ended on a node that no longer leads."}),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.routers, m.reports, m.pushes, m.expired} {
@@ -164,6 +164,46 @@ func (l *loadLedger) expireLocked(now time.Time) {
 	for id, r := range l.routers {
 		if r.session == 0 && !now.Before(r.leaseUntil) {
 			l.log.Info("router lease expired; its load no longer counts", "router", id)
+			l.dropLocked(id)
+			l.metrics.expired.Inc()
+		}
+	}
+}
+
+// ledgerLeaderCheck is how often a stream, and the sweep, check that this node
+// still leads.
+const ledgerLeaderCheck = 250 * time.Millisecond
+
+// run sweeps the ledger every ledgerLeaderCheck until ctx ends: streams call
+// open and view, which expire leases too, but a leader whose routers are all
+// gone, and a node that lost leadership (whose streams all end), has none.
+func (l *loadLedger) run(ctx context.Context, leading func() bool) {
+	t := time.NewTicker(ledgerLeaderCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		l.sweep(leading())
+	}
+}
+
+// sweep drops the routers whose lease ran out; on a node that does not lead,
+// every router whose stream ended, lease or not, since only the leader counts
+// load (a stream still open ends with a not-leader error within
+// ledgerLeaderCheck, and the next sweep drops its router).
+func (l *loadLedger) sweep(leading bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if leading {
+		l.expireLocked(l.now())
+		return
+	}
+	for id, r := range l.routers {
+		if r.session == 0 {
+			l.log.Info("this node does not lead; a router's load and queue are dropped", "router", id)
 			l.dropLocked(id)
 			l.metrics.expired.Inc()
 		}
@@ -423,7 +463,7 @@ func (s loadService) Report(stream kvindexv1.LoadService_ReportServer) error {
 	}()
 	var last map[ledgerTarget]ledgerLoad
 	var version uint64
-	leaderCheck := time.NewTicker(250 * time.Millisecond)
+	leaderCheck := time.NewTicker(ledgerLeaderCheck)
 	defer leaderCheck.Stop()
 	for {
 		resp, next, changed, err := l.view(id, session, last)

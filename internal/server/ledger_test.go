@@ -5,13 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -805,5 +809,61 @@ func TestLedgerQueueBytesBounded(t *testing.T) {
 	resp, _, _, _ := l.view("slow", 1, nil)
 	if size := proto.Size(resp); len(resp.Predicted) != 32 || size > 32*64 {
 		t.Fatalf("the leader held %d bytes for %d predictions of no keys", size, len(resp.Predicted))
+	}
+}
+
+// Leases expire on a timer, not only when a stream calls open or view: a leader
+// whose routers are all gone forgets them after the lease.
+func TestLedgerLeaseExpiresWithoutStreams(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.LedgerLease = 100 * time.Millisecond
+	srv := runServer(t, cfg)
+	waitForCond(t, 20*time.Second, "the node to lead", func() bool { return srv.node.IsLeader() && srv.backend.Ready() == nil })
+	s := ledgerStream(t, srv.GRPCAddr(), "")
+	if err := s.Send(&kvindexv1.ReportRequest{RouterId: "gone", Full: true, Loads: []*kvindexv1.TargetLoad{{Worker: "w0", InFlight: 3}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	s.CloseSend()
+	waitForCond(t, 10*time.Second, "the lease to expire", func() bool {
+		return labeled(t, srv, "kvindex_ledger_routers") == 0 && counter(t, srv, "kvindex_ledger_leases_expired_total") == 1
+	})
+	srv.api.ledger.mu.Lock()
+	defer srv.api.ledger.mu.Unlock()
+	if len(srv.api.ledger.routers)+len(srv.api.ledger.total) != 0 {
+		t.Fatalf("after the lease the leader holds %d routers and load on %d targets", len(srv.api.ledger.routers), len(srv.api.ledger.total))
+	}
+}
+
+// A node that does not lead holds no router (kvindex_ledger_routers says 0 on
+// followers): once a stream has ended there, its router is dropped, lease or
+// not, with its load and queue; an open stream (about to end with not-leader)
+// keeps its router until it ends.
+func TestLedgerSweepClearsANodeThatDoesNotLead(t *testing.T) {
+	m, _ := newLedgerMetrics(nil)
+	l := newLoadLedger(time.Hour, time.Millisecond, 4, m, slog.New(slog.DiscardHandler))
+	for i, id := range []string{"closed", "open"} {
+		if err := l.open(&kvindexv1.ReportRequest{RouterId: id, Full: true, Loads: []*kvindexv1.TargetLoad{{Worker: id, InFlight: 1}}}, uint64(i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.report("open", 2, &kvindexv1.ReportRequest{RouterId: "open", Predicted: []*kvindexv1.PredictedPrefix{{Worker: "w0", Keys: []uint64{1}, TtlMs: 60000}}})
+	l.close("closed", 1)
+	l.sweep(true) // leading, within the lease: nothing changes
+	if n := testutil.ToFloat64(m.routers); n != 2 || len(l.routers) != 2 {
+		t.Fatalf("a leader within the lease holds %d routers (gauge %v), want 2", len(l.routers), n)
+	}
+	l.sweep(false)
+	if _, ok := l.routers["closed"]; ok || testutil.ToFloat64(m.routers) != 1 || testutil.ToFloat64(m.expired) != 1 || len(l.total) != 1 {
+		t.Fatalf("after a sweep on a node that does not lead: routers %v (gauge %v, expired %v), load on %d targets; want only the open stream's",
+			slices.Collect(maps.Keys(l.routers)), testutil.ToFloat64(m.routers), testutil.ToFloat64(m.expired), len(l.total))
+	}
+	l.close("open", 2)
+	l.sweep(false)
+	if len(l.routers)+len(l.total) != 0 || testutil.ToFloat64(m.routers) != 0 || testutil.ToFloat64(m.expired) != 2 {
+		t.Fatalf("after the last stream ended on a node that does not lead: %d routers, load on %d targets, gauge %v, expired %v",
+			len(l.routers), len(l.total), testutil.ToFloat64(m.routers), testutil.ToFloat64(m.expired))
 	}
 }

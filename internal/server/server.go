@@ -337,6 +337,7 @@ func (s *Server) Run(ctx context.Context) error {
 	run(func() { fail("grpc", s.grpc.Serve(s.grpcLn)) })
 	run(func() { s.followReadiness(ctx) })
 	run(func() { s.followLeadership(ctx) })
+	run(func() { s.api.ledger.run(ctx, func() bool { return s.api.leaderOnly() == nil }) })
 	s.log.Info("indexer started", "http", s.HTTPAddr(), "grpc", s.GRPCAddr(), "probe", s.ProbeAddr(), "raft", s.RaftAddr(), "data_dir", s.cfg.DataDir,
 		"join", s.cfg.Join, "tls", s.tls != nil, "mtls", s.cfg.TLSClientCA != "", "admin_token", s.cfg.AdminToken != "", "ledger_token", s.cfg.LedgerToken != "",
 		"transport", s.cfg.Ingest.Transport, "workers", len(s.cfg.Ingest.Workers), "zmq_bind", s.cfg.Ingest.ZMQBind,
