@@ -7,10 +7,13 @@ Talks to the REST API of a kvindex indexer (docs/api.md):
     c.hit_rate("Qwen/Qwen3-8B", prompt="Hello", pods=["pod-a", "pod-b"])
 
 Every method returns the decoded JSON body. Errors come as KVIndexError with
-the HTTP status and the body's error code and message. A Client holds no
+the HTTP status and the body's error code and message; an answer cut short (a
+dump the indexer could not finish) as KVIndexError with code "truncated".
+healthy() and ready() answer False, not an exception, for an unreachable node. A Client holds no
 connection state and is safe to share between threads.
 """
 
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -99,15 +102,19 @@ class Client:
         return self._get("/v1/stats")
 
     def dump(self, worker=None, model=None):
-        """GET /dump: {"applied_index", "changes": [IndexChange...]}."""
+        """GET /dump: {"applied_index", "changes": [IndexChange...]}.
+
+        worker is one worker id or a list of them. A dump cut short raises
+        KVIndexError with code "truncated"."""
         return self._get(_with_query("/dump", worker=worker, model=model))
 
     def healthy(self):
-        """GET /healthz answers 200."""
+        """GET /healthz answers 200 (False when the node is unreachable)."""
         return self._status("/healthz") == 200
 
     def ready(self):
-        """GET /readyz answers 200 (the node has a leader and caught up)."""
+        """GET /readyz answers 200 (the node has a leader and caught up; False
+        when the node is unreachable)."""
         return self._status("/readyz") == 200
 
     # --- registry (admin token) ---------------------------------------------
@@ -138,11 +145,15 @@ class Client:
         return self._request("GET", path, None, False)
 
     def _status(self, path):
+        """The answer's HTTP status; None when there is none (no connection,
+        a timeout)."""
         try:
             with self._open("GET", path, None, False) as resp:
                 return resp.status
         except urllib.error.HTTPError as e:
             return e.code
+        except OSError:  # URLError, timeouts, resets
+            return None
 
     def _open(self, method, path, data, admin):
         req = urllib.request.Request(self.base_url + path, data=data, method=method)
@@ -156,7 +167,13 @@ class Client:
     def _request(self, method, path, data, admin):
         try:
             with self._open(method, path, data, admin) as resp:
-                return json.loads(resp.read().decode("utf-8"))
+                try:
+                    return json.loads(resp.read().decode("utf-8"))
+                except (ValueError, http.client.IncompleteRead) as e:
+                    # A streamed answer (a dump) the server cut short: the
+                    # connection closed mid-body, or the JSON ends early.
+                    raise KVIndexError(resp.status, "truncated",
+                                       "the answer to %s %s ended early: %s" % (method, path, e)) from None
         except urllib.error.HTTPError as e:
             raw = e.read().decode("utf-8", "replace")
             try:
@@ -175,5 +192,6 @@ def _with_query(path, **params):
     params = _compact(params)
     if not params:
         return path
-    return path + "?" + urllib.parse.urlencode(params)
+    # doseq: a list is the parameter repeated (worker=a&worker=b), not its repr.
+    return path + "?" + urllib.parse.urlencode(params, doseq=True)
 

@@ -8,6 +8,7 @@ builds bin/indexer and bin/fakeengine itself (needs `go`) and starts them:
     cd clients/python && python3 -m unittest -v
 """
 
+import http.server
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.request
@@ -170,6 +172,11 @@ class ClientTest(unittest.TestCase):
         dump = self.c.dump(worker="engine-0")
         self.assertTrue(all(ch["worker"] == "engine-0" for ch in dump["changes"]))
         self.assertGreaterEqual(len(dump["changes"]), blocks)
+        # Several workers: the parameter repeated, as the API takes it.
+        several = self.c.dump(worker=["engine-0", "no-such-worker"])
+        self.assertTrue(all(ch["worker"] == "engine-0" for ch in several["changes"]))
+        self.assertGreaterEqual(len(several["changes"]), blocks)
+        self.assertEqual(self.c.dump(worker=["no-such-worker"])["changes"], [])
         self.assertTrue(self.c.healthy())
         self.assertTrue(self.c.ready())
 
@@ -206,6 +213,48 @@ class ClientTest(unittest.TestCase):
             self.assertEqual((e.exception.status, e.exception.code), (status, code))
             self.assertIn(text, e.exception.message)
         self.assertTrue(self.c.healthy())
+
+
+
+class _CutShort(http.server.BaseHTTPRequestHandler):
+    """Answers as an indexer whose dump was cut short: /closed closes the
+    connection mid-body, /ended ends the body where the JSON does not."""
+
+    body = b'{"applied_index": "7", "changes": [{"worker": "w"'
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        if self.path.startswith("/dump?worker=closed"):
+            self.send_header("Content-Length", str(len(self.body) + 100))
+        else:
+            self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+class OfflineTest(unittest.TestCase):
+    """What needs no indexer: a node that is not there, an answer cut short."""
+
+    def test_unreachable_node_is_neither_healthy_nor_ready(self):
+        c = Client("http://127.0.0.1:%d" % _free_port(), timeout=2)
+        self.assertFalse(c.healthy())
+        self.assertFalse(c.ready())
+
+    def test_truncated_dump_raises_the_clients_error(self):
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CutShort)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        c = Client("http://127.0.0.1:%d" % srv.server_address[1], timeout=5)
+        for how in ("closed", "ended"):
+            with self.subTest(how=how), self.assertRaises(KVIndexError) as e:
+                c.dump(worker=how)
+            self.assertEqual((e.exception.status, e.exception.code), (200, "truncated"))
 
 
 if __name__ == "__main__":
