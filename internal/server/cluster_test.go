@@ -54,7 +54,9 @@ func clusterLogger() *slog.Logger {
 	if os.Getenv("KVINDEX_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	return nil
+	// Not nil: New defaults a nil logger, but a part built directly
+	// (newLoadLedger) would panic on its first log line.
+	return slog.New(slog.DiscardHandler)
 }
 
 // makeCluster starts n servers: node-0 bootstraps, node-1 joins through node-0
