@@ -23,7 +23,9 @@ var (
 // admission is the bounded FIFO in front of a busy fleet. A request whose every
 // eligible candidate is excluded by a busy threshold or --max-pending waits here;
 // only the head of its candidate set's queue retries its decision, each time load
-// goes down, so waiters for the same candidates are served in arrival order. Each
+// goes down or a worker may have become usable otherwise (wake: the fleet
+// changed, a breaker's cooldown ended or its probe came back), so waiters for the
+// same candidates are served in arrival order. Each
 // candidate set (queueKey) has its own FIFO, so a waiter whose candidates are busy
 // never holds up a request whose candidates are free (another model, another LoRA
 // adapter, another subset hint); --queue-size bounds all of them together.
@@ -34,9 +36,10 @@ var (
 // head, for a request not queued yet), the workers that head may be served by, so
 // a later request of another set neither takes such a worker on arrival nor wins
 // it from the older head when both are woken. A decision that left a free worker
-// to an older head pokes that head (a worker can free without load going down:
-// a breaker's cooldown ends, the fleet grows), and a waiter that leaves pokes the
-// later heads it held workers from. Safe for concurrent use.
+// to an older head pokes that head (it may not have been woken yet: a new
+// request can find a worker free before the wake-up that freed it reaches the
+// head), and a waiter that leaves pokes the later heads it held workers from.
+// Safe for concurrent use.
 type admission struct {
 	size    int
 	timeout time.Duration
@@ -45,6 +48,7 @@ type admission struct {
 	queues map[string][]*waiter // per candidate set, waiters in arrival order; guarded by mu
 	n      int                  // waiters in every queue; guarded by mu
 	seq    uint64               // waiters ever queued, their arrival order; guarded by mu
+	woken  chan struct{}        // closed and replaced by wake; guarded by mu
 
 	onDepth func(int) // metrics hook; called under mu
 }
@@ -61,7 +65,26 @@ type waiter struct {
 }
 
 func newAdmission(size int, timeout time.Duration) *admission {
-	return &admission{size: size, timeout: timeout, queues: map[string][]*waiter{}}
+	return &admission{size: size, timeout: timeout, queues: map[string][]*waiter{}, woken: make(chan struct{})}
+}
+
+// wake makes the head of every queue decide again: a worker may have become
+// usable without load going down (the fleet changed, a breaker's cooldown ended
+// or its probe came back), and nothing else would wake them before their queue
+// timeout. The oldest-first rule holds as for any wake-up: each head decides
+// with the workers of the earlier heads held.
+func (a *admission) wake() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	close(a.woken)
+	a.woken = make(chan struct{})
+}
+
+// wakeups returns a channel closed at the next wake.
+func (a *admission) wakeups() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.woken
 }
 
 // admit decides p's route (tried: the workers it already failed on), waiting in
@@ -135,12 +158,14 @@ func (a *admission) admit(ctx context.Context, queue string, serves func(*Worker
 	}
 	for {
 		ch = changed()
+		woken := a.wakeups()
 		d, err := a.try(decide, a.headsBefore(queue, w.seq))
 		if !errors.Is(err, errBusy) {
 			return d, err
 		}
 		select {
 		case <-ch:
+		case <-woken:
 		case <-w.poke:
 		case <-deadline.C:
 			return nil, ErrQueueTimeout
@@ -151,8 +176,8 @@ func (a *admission) admit(ctx context.Context, queue string, serves func(*Worker
 }
 
 // try runs decide with the held predicate of the earlier heads (oldest first),
-// then pokes each head that a free worker was left to: it may be asleep, since
-// not every way a worker frees wakes the queue.
+// then pokes each head that a free worker was left to: it may be asleep still
+// (the wake-up that freed the worker may not have reached it yet).
 func (a *admission) try(decide func(held func(*Worker) bool) (*Decision, error), earlier []*waiter) (*Decision, error) {
 	var holders []*waiter
 	held := func(wk *Worker) bool {

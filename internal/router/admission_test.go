@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
@@ -666,31 +668,7 @@ func TestAdmissionAFreedWorkerGoesToTheOldestWaiterOfAnySet(t *testing.T) {
 	rt, client, _ := startEPPWith(t, cfg, func(r *Router) { r.breakers.now = clk.Now })
 	w0 := strings.TrimPrefix(f.engines["w0"].URL(), "http://")
 	w1 := strings.TrimPrefix(f.engines["w1"].URL(), "http://")
-	type answer struct{ who, dest string }
-	answers := make(chan answer, 4)
-	exchanges := map[string]*envoy{}
-	send := func(who string, md *corev3.Metadata) {
-		e := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
-		exchanges[who] = e
-		go func() {
-			a := e.request("/v1/completions", completionBody(words(who, 20), 2), md)
-			dest := a.header[EPPDestinationHeader]
-			if a.immediate != nil {
-				dest = "immediate " + a.immediate.Status.Code.String()
-			}
-			answers <- answer{who, dest}
-		}()
-	}
-	next := func(what string) answer {
-		t.Helper()
-		select {
-		case a := <-answers:
-			return a
-		case <-time.After(20 * time.Second):
-			t.Fatalf("no answer within 20s while waiting for %s", what)
-		}
-		return answer{}
-	}
+	q := newEPPRequests(t, client)
 	queued := func(n int, what string) {
 		t.Helper()
 		waitFor(t, 10*time.Second, what, func() bool { return rt.adm.depth() == n })
@@ -699,31 +677,147 @@ func TestAdmissionAFreedWorkerGoesToTheOldestWaiterOfAnySet(t *testing.T) {
 	for range rt.cfg.BreakerFailureThreshold {
 		rt.breakers.Record("w1", OutcomeFailure, false)
 	}
-	send("hold", nil)
-	if a := next("the first request"); a.dest != w0 {
+	q.send("hold", nil)
+	if a := q.next("the first request"); a.dest != w0 {
 		t.Fatalf("the first request got %q, want w0 (w1's breaker is open)", a.dest)
 	}
-	send("A", subsetMetadata(w0, w1))
+	q.send("A", subsetMetadata(w0, w1))
 	queued(1, "A to queue: w0 is full, w1's breaker open")
+	// Only the breakers' clock is fake, not their timers: the end of the
+	// cooldown wakes nobody here, and B's arrival must leave w1 to A.
 	clk.Advance(cfg.BreakerCooldown)
-	send("B", nil)
-	if a := next("A or B to be admitted on w1"); a.who != "A" || a.dest != w1 {
+	q.send("B", nil)
+	if a := q.next("A or B to be admitted on w1"); a.who != "A" || a.dest != w1 {
 		t.Fatalf("%s was admitted to %q while A, which came first and can use the half-open w1, waited; want A on w1", a.who, a.dest)
 	}
 	queued(1, "B to wait: w0 and w1 are full")
 
-	send("C", subsetMetadata(w0))
+	q.send("C", subsetMetadata(w0))
 	queued(2, "C to queue behind B")
-	exchanges["hold"].cancel() // w0 frees: B and C can use it, B came first
-	if a := next("B or C to be admitted on w0"); a.who != "B" || a.dest != w0 {
+	q.exchanges["hold"].cancel() // w0 frees: B and C can use it, B came first
+	if a := q.next("B or C to be admitted on w0"); a.who != "B" || a.dest != w0 {
 		t.Fatalf("%s was admitted to %q when w0 freed; want B, which waited longer than C", a.who, a.dest)
 	}
 	queued(1, "C to wait for w0 again")
-	exchanges["A"].cancel() // w1 frees: C cannot use it
-	exchanges["B"].cancel() // w0 frees: C's turn
-	if a := next("C to be admitted"); a.who != "C" || a.dest != w0 {
+	q.exchanges["A"].cancel() // w1 frees: C cannot use it
+	q.exchanges["B"].cancel() // w0 frees: C's turn
+	if a := q.next("C to be admitted"); a.who != "C" || a.dest != w0 {
 		t.Fatalf("%s was admitted to %q, want C on w0", a.who, a.dest)
 	}
-	exchanges["C"].cancel()
+	q.exchanges["C"].cancel()
+	rt.assertNoLoad(t, f.ids)
+}
+
+// eppRequests plays Envoy for several requests at once, each on its own
+// ext_proc stream, kept open (the request in flight) until the test cancels it.
+type eppRequests struct {
+	t         *testing.T
+	client    extprocv3.ExternalProcessorClient
+	answers   chan eppDest
+	exchanges map[string]*envoy // by request name; used by the test's goroutine only
+}
+
+// eppDest is where the EPP sent the request who: the destination header, or
+// "immediate " and the status of its immediate response.
+type eppDest struct{ who, dest string }
+
+func newEPPRequests(t *testing.T, client extprocv3.ExternalProcessorClient) *eppRequests {
+	return &eppRequests{t: t, client: client, answers: make(chan eppDest, 16), exchanges: map[string]*envoy{}}
+}
+
+// send starts the request who (a completion; md: its metadata, such as a
+// subset hint) in the background; next returns its answer.
+func (q *eppRequests) send(who string, md *corev3.Metadata) {
+	e := newEnvoy(q.t, q.client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+	q.exchanges[who] = e
+	go func() {
+		a := e.request("/v1/completions", completionBody(words(who, 20), 2), md)
+		dest := a.header[EPPDestinationHeader]
+		if a.immediate != nil {
+			dest = "immediate " + a.immediate.Status.Code.String()
+		}
+		q.answers <- eppDest{who, dest}
+	}()
+}
+
+// next is the next answer; what says what the test waits for.
+func (q *eppRequests) next(what string) eppDest {
+	q.t.Helper()
+	select {
+	case a := <-q.answers:
+		return a
+	case <-time.After(20 * time.Second):
+		q.t.Fatalf("no answer within 20s while waiting for %s", what)
+	}
+	return eppDest{}
+}
+
+// A worker can become usable while no load goes down and no request arrives:
+// its breaker's cooldown ends. The request waiting for it (its other worker is
+// full) is admitted then, not at its queue timeout.
+func TestAdmissionAWaiterIsWokenWhenABreakersCooldownEnds(t *testing.T) {
+	f := startFleet(t, 2, nil)
+	cfg := testConfig(t, f)
+	cfg.MaxPending = 1
+	cfg.QueueTimeout = time.Minute // longer than next waits: only a wake-up admits A in time
+	cfg.BreakerCooldown, cfg.BreakerMaxCooldown = 5*time.Second, time.Minute
+	clk := newFakeClock()
+	rt, client, _ := startEPPWith(t, cfg, clk.drive)
+	eps := f.endpoints()
+	q := newEPPRequests(t, client)
+	for range rt.cfg.BreakerFailureThreshold {
+		rt.breakers.Record("w1", OutcomeFailure, false)
+	}
+	q.send("hold", nil)
+	if a := q.next("the first request"); eps[a.dest] != "w0" {
+		t.Fatalf("the first request got %q, want w0 (w1's breaker is open)", a.dest)
+	}
+	q.send("A", nil)
+	waitFor(t, 10*time.Second, "A to queue: w0 is full, w1's breaker open", func() bool { return rt.adm.depth() == 1 })
+	clk.Advance(cfg.BreakerCooldown)
+	if a := q.next("A to be admitted when w1's cooldown ended"); a.who != "A" || eps[a.dest] != "w1" {
+		t.Fatalf("%s got %q, want A admitted on w1, whose cooldown ended", a.who, a.dest)
+	}
+	q.exchanges["A"].cancel()
+	q.exchanges["hold"].cancel()
+	rt.assertNoLoad(t, f.ids)
+}
+
+// A worker can become usable while no load goes down and no request arrives:
+// it joins the fleet (here from the workers file). The request waiting while
+// the fleet's only worker is full is admitted on it then, not at its queue
+// timeout.
+func TestAdmissionAWaiterIsWokenWhenAWorkerJoins(t *testing.T) {
+	f := startFleet(t, 2, nil)
+	path := filepath.Join(t.TempDir(), "workers.yaml")
+	write := func(ids ...string) {
+		var b strings.Builder
+		b.WriteString("workers:\n")
+		for _, id := range ids {
+			fmt.Fprintf(&b, "  - {id: %s, model: %s, block-size: 4, http: %s}\n", id, testModel, f.engines[id].URL())
+		}
+		atomicWrite(t, path, b.String())
+	}
+	write("w0")
+	cfg := testConfig(t, f)
+	cfg.Workers, cfg.WorkersFile = nil, path
+	cfg.MaxPending = 1
+	cfg.QueueTimeout = time.Minute // longer than next waits: only a wake-up admits A in time
+	rt, client, _ := startEPPWith(t, cfg, nil)
+	waitFor(t, 10*time.Second, "w0 from the file", func() bool { return len(rt.fleet.Workers()) == 1 })
+	eps := f.endpoints()
+	q := newEPPRequests(t, client)
+	q.send("hold", nil)
+	if a := q.next("the first request"); eps[a.dest] != "w0" {
+		t.Fatalf("the first request got %q, want w0", a.dest)
+	}
+	q.send("A", nil)
+	waitFor(t, 10*time.Second, "A to queue: w0 is full", func() bool { return rt.adm.depth() == 1 })
+	write("w0", "w1")
+	if a := q.next("A to be admitted when w1 joined"); a.who != "A" || eps[a.dest] != "w1" {
+		t.Fatalf("%s got %q, want A admitted on w1, which joined", a.who, a.dest)
+	}
+	q.exchanges["A"].cancel()
+	q.exchanges["hold"].cancel()
 	rt.assertNoLoad(t, f.ids)
 }

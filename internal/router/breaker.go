@@ -45,20 +45,31 @@ const (
 // Breakers is the router's private opinion of each worker's health (seeds/000):
 // after Threshold consecutive failures a worker is excluded for the cooldown, then
 // one probe is admitted: success restores it, failure doubles the cooldown up to
-// the maximum. It never changes the fleet (discovery owns that). Safe for
-// concurrent use.
+// the maximum. It never changes the fleet (discovery owns that). A worker it
+// stops excluding is announced (onUsable): requests queued while it was excluded
+// may have nothing else to wake them. Safe for concurrent use.
 type Breakers struct {
 	threshold   int
 	cooldown    time.Duration
 	maxCooldown time.Duration
 	now         func() time.Time
+	// afterFunc runs f once d has passed: time.AfterFunc (tests drive a fake
+	// clock's).
+	afterFunc func(d time.Duration, f func()) stopper
 
-	mu sync.Mutex
-	m  map[string]*breaker // guarded by mu
+	mu      sync.Mutex
+	m       map[string]*breaker // guarded by mu
+	stopped bool                // stop was called: no more cooldown timers; guarded by mu
 
 	onState func(worker string, s BreakerState) // metrics hook; called under mu
 	onTrip  func(worker string)                 // metrics hook; called under mu
+	// onUsable is called, outside mu, when a worker the breaker excluded may be
+	// chosen again: its cooldown ended, its probe was handed back, or it closed.
+	onUsable func()
 }
+
+// stopper is a timer that can be stopped (*time.Timer).
+type stopper interface{ Stop() bool }
 
 type breaker struct {
 	state    BreakerState
@@ -66,10 +77,18 @@ type breaker struct {
 	cooldown time.Duration // current; doubles on failed probes
 	until    time.Time     // end of the open window
 	probing  bool          // half-open: the probe is in flight
+	timer    stopper       // fires at until (usable); nil when never opened
+}
+
+// excludes reports whether the breaker keeps its worker from being chosen (an
+// open one whose cooldown ended included: Allows turns it half-open).
+func (br *breaker) excludes() bool {
+	return br.state == BreakerOpen || br.state == BreakerHalfOpen && br.probing
 }
 
 func newBreakers(threshold int, cooldown, maxCooldown time.Duration, now func() time.Time) *Breakers {
-	return &Breakers{threshold: threshold, cooldown: cooldown, maxCooldown: maxCooldown, now: now, m: map[string]*breaker{}}
+	return &Breakers{threshold: threshold, cooldown: cooldown, maxCooldown: maxCooldown, now: now, m: map[string]*breaker{},
+		afterFunc: func(d time.Duration, f func()) stopper { return time.AfterFunc(d, f) }}
 }
 
 func (b *Breakers) get(w string) *breaker {
@@ -133,9 +152,18 @@ func (b *Breakers) Record(w string, o Outcome, probe bool) {
 	if b.threshold == 0 {
 		return
 	}
+	if b.record(w, o, probe) {
+		b.usable()
+	}
+}
+
+// record is Record under mu; it reports whether w was excluded before and is
+// not any more (its probe came back, or it closed).
+func (b *Breakers) record(w string, o Outcome, probe bool) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	br := b.get(w)
+	excluded := br.excludes()
 	if probe {
 		br.probing = false
 	}
@@ -145,6 +173,10 @@ func (b *Breakers) Record(w string, o Outcome, probe bool) {
 		if br.state != BreakerClosed {
 			br.cooldown = b.cooldown
 			b.setLocked(w, br, BreakerClosed)
+			if br.timer != nil { // closed before its cooldown ended: nothing to announce then
+				br.timer.Stop()
+				br.timer = nil
+			}
 		}
 	case OutcomeFailure:
 		switch br.state {
@@ -158,14 +190,45 @@ func (b *Breakers) Record(w string, o Outcome, probe bool) {
 			b.openLocked(w, br)
 		}
 	}
+	return excluded && !br.excludes()
 }
 
+// openLocked opens w's breaker for its cooldown, and sets the timer that
+// announces the cooldown's end: Allows would let the worker in again then, but
+// only when a decision asks, and the requests queued for it may have nothing
+// else to make them decide again.
 func (b *Breakers) openLocked(w string, br *breaker) {
 	br.failures = 0
 	br.until = b.now().Add(br.cooldown)
 	b.setLocked(w, br, BreakerOpen)
 	if b.onTrip != nil {
 		b.onTrip(w)
+	}
+	if br.timer != nil {
+		br.timer.Stop()
+	}
+	if !b.stopped {
+		br.timer = b.afterFunc(br.cooldown, b.usable)
+	}
+}
+
+// usable announces that a worker may be chosen again (onUsable).
+func (b *Breakers) usable() {
+	if b.onUsable != nil {
+		b.onUsable()
+	}
+}
+
+// stop stops the cooldown timers, for good (at shutdown).
+func (b *Breakers) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stopped = true
+	for _, br := range b.m {
+		if br.timer != nil {
+			br.timer.Stop()
+			br.timer = nil
+		}
 	}
 }
 

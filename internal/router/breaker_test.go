@@ -557,3 +557,41 @@ func TestBreakerHalfOpenPrefillWorkerGetsOneProbe(t *testing.T) {
 		t.Fatalf("%d of 6 concurrent decisions chose the half-open prefill worker p0, want exactly 1 (the probe)", toP0)
 	}
 }
+
+// A breaker that stops excluding its worker says so (onUsable), whatever made
+// it: the end of the cooldown (its timer, with no request asking), the probe
+// handed back, or the breaker closing; the admission queue is woken by it.
+func TestBreakerAnnouncesAWorkerItStopsExcluding(t *testing.T) {
+	g := newBreakerRig(2, 5*time.Second, time.Minute)
+	g.b.afterFunc = g.clk.AfterFunc
+	announced := 0
+	g.b.onUsable = func() { announced++ }
+	step := func(what string, want int, do func()) {
+		t.Helper()
+		before := announced
+		do()
+		if got := announced - before; got != want {
+			t.Fatalf("%s: announced %d times, want %d", what, got, want)
+		}
+	}
+	step("a failure below the threshold", 0, func() { g.fail(1) })
+	step("the failure that opens it", 0, func() { g.fail(1) })
+	step("part of the cooldown", 0, func() { g.clk.Advance(4 * time.Second) })
+	step("the end of the cooldown", 1, func() { g.clk.Advance(time.Second) })
+	if !g.b.Allows("w") {
+		t.Fatal("no probe admitted after the cooldown")
+	}
+	probe := g.b.Begin("w")
+	step("an outcome while the probe is out", 0, func() { g.b.Record("w", OutcomeNeutral, false) })
+	step("the probe handed back neutral", 1, func() { g.b.Record("w", OutcomeNeutral, probe) })
+	g.b.Allows("w")
+	probe = g.b.Begin("w")
+	step("the failed probe (reopened, cooldown 10s)", 0, func() { g.b.Record("w", OutcomeFailure, probe) })
+	step("the first cooldown's length", 0, func() { g.clk.Advance(5 * time.Second) })
+	step("a late success of an earlier request, which closes it", 1, func() { g.b.Record("w", OutcomeSuccess, false) })
+	step("the end of the cooldown it was closed in", 0, func() { g.clk.Advance(5 * time.Second) })
+	step("a success while closed", 0, func() { g.b.Record("w", OutcomeSuccess, false) })
+	g.fail(2)
+	g.b.stop()
+	step("the end of a cooldown after stop", 0, func() { g.clk.Advance(time.Minute) })
+}

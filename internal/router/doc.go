@@ -24,7 +24,8 @@
 //     it with the other routers through the indexer leader (--ledger); others.go
 //     keeps their recent decisions, to count a prefix shared with their load once
 //     per deciding router (Candidate.ShareRemote).
-//   - breaker.go: the per-worker circuit breaker (closed, open, half-open probe).
+//   - breaker.go: the per-worker circuit breaker (closed, open, half-open probe);
+//     a timer per open breaker announces the end of its cooldown.
 //   - route.go: one decision: pools (model, LoRA, role) -> filters (breaker,
 //     --max-pending, busy thresholds; every exclusion with its reason) -> overlaps
 //     -> policy -> Decision with its reservations; direct mode and PD pairing.
@@ -47,8 +48,9 @@
 // Concurrency: a Router serves many requests at once. Fleet, Ledger, Breakers, the
 // overlays and the metrics are safe for concurrent use, each behind its own mutex
 // (never two of them held at once; the metric hooks some call under theirs take
-// only Prometheus's leaf locks). The Router's pickMu makes the read of the
-// router's own decisions (predicted overlay, session bindings), load snapshot,
+// only Prometheus's leaf locks; the Fleet's and the Breakers' wake-up hooks, which
+// take the admission queue's, are called outside them). The Router's pickMu makes
+// the read of the router's own decisions (predicted overlay, session bindings), load snapshot,
 // pick, reservation and breaker probe one step, so that concurrent siblings of
 // a burst see each other; the indexer is asked before it is taken. It is only
 // ever taken outside those mutexes, so the one lock order is pickMu first. Policies are called

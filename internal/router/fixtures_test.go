@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,10 +13,18 @@ import (
 	"time"
 )
 
-// fakeClock is a settable clock for the breaker, the ledger and the overlays.
+// fakeClock is a settable clock for the breaker, the ledger and the overlays;
+// its timers (AfterFunc) fire when Advance reaches them.
 type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
+	mu     sync.Mutex
+	t      time.Time
+	timers []*fakeTimer // pending; guarded by mu
+}
+
+type fakeTimer struct {
+	c  *fakeClock
+	at time.Time
+	f  func()
 }
 
 func newFakeClock() *fakeClock {
@@ -28,10 +37,46 @@ func (c *fakeClock) Now() time.Time {
 	return c.t
 }
 
+// Advance moves the clock on and runs, in order, the timers it reached.
 func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.t = c.t.Add(d)
+	var due []*fakeTimer
+	c.timers = slices.DeleteFunc(c.timers, func(ft *fakeTimer) bool {
+		if ft.at.After(c.t) {
+			return false
+		}
+		due = append(due, ft)
+		return true
+	})
+	c.mu.Unlock()
+	slices.SortStableFunc(due, func(a, b *fakeTimer) int { return a.at.Compare(b.at) })
+	for _, ft := range due {
+		ft.f()
+	}
+}
+
+// AfterFunc is time.AfterFunc on this clock: f runs in the Advance that
+// reaches d from now.
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) stopper {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ft := &fakeTimer{c: c, at: c.t.Add(d), f: f}
+	c.timers = append(c.timers, ft)
+	return ft
+}
+
+func (ft *fakeTimer) Stop() bool {
+	ft.c.mu.Lock()
+	defer ft.c.mu.Unlock()
+	n := len(ft.c.timers)
+	ft.c.timers = slices.DeleteFunc(ft.c.timers, func(x *fakeTimer) bool { return x == ft })
+	return len(ft.c.timers) < n
+}
+
+// drive puts the router's breakers on this clock, their cooldown timers too.
+func (c *fakeClock) drive(r *Router) {
+	r.breakers.now, r.breakers.afterFunc = c.Now, c.AfterFunc
 }
 
 // upstreamCounter sits between the router and one engine and counts the

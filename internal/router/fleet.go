@@ -11,6 +11,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -86,7 +87,9 @@ type fleetView struct {
 
 // Fleet is the current set of workers, merged from the static --worker list, the
 // workers file and the indexer's registry (in that precedence on equal ids), plus
-// the LoRA adapters each engine lists. Readers take a view without locking.
+// the LoRA adapters each engine lists. Readers take a view without locking. A
+// change is announced (onChange): a worker that joins, comes back or takes a new
+// adapter may serve requests queued while there was none.
 type Fleet struct {
 	log       *slog.Logger
 	blockSize int
@@ -100,6 +103,9 @@ type Fleet struct {
 	version  uint64                     // guarded by mu
 
 	view atomic.Pointer[fleetView]
+
+	// onChange is called, outside mu, after every published change.
+	onChange func()
 }
 
 func newFleet(static []workerspec.Spec, blockSize int, log *slog.Logger) *Fleet {
@@ -117,43 +123,47 @@ func (f *Fleet) View() *fleetView { return f.view.Load() }
 func (f *Fleet) Workers() []*Worker { return f.view.Load().workers }
 
 func (f *Fleet) setFile(specs []workerspec.Spec) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.file = specs
-	f.publishLocked()
+	f.update(func() bool { f.file = specs; return true })
 }
 
 func (f *Fleet) setRegistry(specs []workerspec.Spec) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.registry = specs
-	f.publishLocked()
+	f.update(func() bool { f.registry = specs; return true })
 }
 
 func (f *Fleet) setKube(specs []workerspec.Spec) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.kube = specs
-	f.publishLocked()
+	f.update(func() bool { f.kube = specs; return true })
 }
 
 // setAdapters records the LoRA adapters of workers (by id) and republishes the
 // fleet once if any changed.
 func (f *Fleet) setAdapters(byWorker map[string]map[string]bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	changed := false
-	for id, adapters := range byWorker {
-		if old, ok := f.adapters[id]; !ok || !maps.Equal(old, adapters) {
-			f.adapters[id], changed = adapters, true
+	f.update(func() bool {
+		changed := false
+		for id, adapters := range byWorker {
+			if old, ok := f.adapters[id]; !ok || !maps.Equal(old, adapters) {
+				f.adapters[id], changed = adapters, true
+			}
 		}
-	}
-	if changed {
-		f.publishLocked()
+		return changed
+	})
+}
+
+// update runs change under mu and, when it reports a change, publishes the
+// result; if the workers differ from the current view, onChange is called
+// after mu is released.
+func (f *Fleet) update(change func() bool) {
+	f.mu.Lock()
+	changed := change() && f.publishLocked()
+	f.mu.Unlock()
+	if changed && f.onChange != nil {
+		f.onChange()
 	}
 }
 
-func (f *Fleet) publishLocked() {
+// publishLocked builds the view from the sources and publishes it unless it
+// equals the current one (a registry poll that found nothing new), so that the
+// version only grows with a change; it reports whether it published.
+func (f *Fleet) publishLocked() bool {
 	byID := map[string]*Worker{}
 	for _, list := range [][]workerspec.Spec{f.registry, f.kube, f.file, f.static} { // later wins
 		for _, s := range list {
@@ -174,8 +184,12 @@ func (f *Fleet) publishLocked() {
 		}
 	}
 	ws := slices.SortedFunc(maps.Values(byID), func(a, b *Worker) int { return cmp.Compare(a.ID, b.ID) })
+	if old := f.view.Load(); old != nil && reflect.DeepEqual(old.workers, ws) {
+		return false
+	}
 	f.version++
 	f.view.Store(&fleetView{workers: ws, byID: byID, version: f.version})
+	return true
 }
 
 // watchFile re-reads the workers file whenever its content changes, until ctx

@@ -20,6 +20,7 @@ import (
 	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/bench/fakeengine"
 	kvindex "github.com/kvindex/kvindex/clients/go"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // The workers file is re-read when it changes: a worker added there takes
@@ -313,5 +314,37 @@ func atomicWrite(t *testing.T, path, content string) {
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The fleet announces a change (onChange, which wakes the admission queue) and
+// bumps its version only when its workers change: a registry poll or a workers
+// file that brings the same list does neither.
+func TestFleetAnnouncesOnlyChanges(t *testing.T) {
+	f := newFleet(nil, 4, nil)
+	changes := 0
+	f.onChange = func() { changes++ }
+	spec := func(id string) workerspec.Spec {
+		return workerspec.Spec{ID: id, Model: testModel, HTTP: "http://" + id + ":8000"}
+	}
+	for _, step := range []struct {
+		what string
+		do   func()
+		want int
+	}{
+		{"a worker joins", func() { f.setRegistry([]workerspec.Spec{spec("w0")}) }, 1},
+		{"the same registry again", func() { f.setRegistry([]workerspec.Spec{spec("w0")}) }, 0},
+		{"the file names the same worker", func() { f.setFile([]workerspec.Spec{spec("w0")}) }, 0},
+		{"its first adapters poll", func() { f.setAdapters(map[string]map[string]bool{"w0": {}}) }, 1},
+		{"the same adapters", func() { f.setAdapters(map[string]map[string]bool{"w0": {}}) }, 0},
+		{"a new adapter", func() { f.setAdapters(map[string]map[string]bool{"w0": {"sql": true}}) }, 1},
+		{"a second worker", func() { f.setKube([]workerspec.Spec{spec("w1")}) }, 1},
+		{"a worker leaves", func() { f.setKube(nil) }, 1},
+	} {
+		before, version := changes, f.View().version
+		step.do()
+		if got, bumped := changes-before, f.View().version != version; got != step.want || bumped != (step.want > 0) {
+			t.Fatalf("%s: %d announcements, version bumped %v; want %d and %v", step.what, got, bumped, step.want, step.want > 0)
+		}
 	}
 }

@@ -105,6 +105,9 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		sessions:   newSessionMap(cfg.SessionTTL, cfg.OverlayMaxBlocks),
 		keyRules:   keyRules{explicitMax: cfg.ExplicitKeyMaxLength, systemMax: cfg.SystemSegmentMaxLength, documentMax: cfg.DocumentSegmentMaxLength},
 	}
+	// A worker can become usable without load going down; the queued requests
+	// are woken then too.
+	r.fleet.onChange, r.breakers.onUsable = r.adm.wake, r.adm.wake
 	r.metrics = newMetricsWith(reg, r.refreshFleetInflight)
 	r.policy = NewPolicy(cfg)
 	if cfg.ScrapeEngineMetrics {
@@ -362,6 +365,7 @@ func (r *Router) every(ctx context.Context, period time.Duration, f func(context
 }
 
 func (r *Router) close() {
+	r.breakers.stop()
 	if r.client != nil {
 		r.client.Close()
 	}
