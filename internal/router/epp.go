@@ -36,7 +36,9 @@ import (
 // envoy.lb dynamic metadata; Envoy then sends the request there itself. The
 // response's headers and body pass through the stream too, so the reservation is
 // released when the response ends, or when the stream breaks; a half-open probe is
-// decided by the response headers' status, when the worker answers.
+// decided by the response headers' status, when the worker answers. Under
+// disaggregation the prefill worker's load and probe go back at the decode's
+// response headers: the sidecar ran the prefill leg before the decode's.
 
 // Protocol names (Gateway API Inference Extension, endpoint picker protocol).
 const (
@@ -263,6 +265,13 @@ func (x *eppExchange) handle(req *extprocv3.ProcessingRequest) ([]*extprocv3.Pro
 				// The sidecar runs the prefill leg before the decode's: once the
 				// decode answers, the prefill worker's part is over.
 				x.d.prefillRes.Release()
+			}
+			if x.d.prefillProbe {
+				// Neutral: the sidecar ran the prefill leg, its outcome is not
+				// seen here. Handed back now, not at the end of the generation,
+				// so the half-open prefill worker is probed again meanwhile.
+				x.r.breakers.Record(x.d.Prefill.Worker, OutcomeNeutral, true)
+				x.d.prefillProbe = false
 			}
 		}
 		resp := &extprocv3.HeadersResponse{}
@@ -559,7 +568,8 @@ func (x *eppExchange) finish(result string) {
 			x.r.breakers.Record(x.d.Target.Worker, outcome, x.probe)
 		}
 		if x.d.prefillProbe {
-			// The sidecar runs the prefill leg; its outcome is not seen here.
+			// The stream ended before the decode's response headers; the
+			// sidecar runs the prefill leg, its outcome is not seen here.
 			x.r.breakers.Record(x.d.Prefill.Worker, OutcomeNeutral, true)
 		}
 		x.r.metrics.requests.WithLabelValues(x.d.Policy, result, x.d.Target.Worker).Inc()

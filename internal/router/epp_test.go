@@ -555,6 +555,9 @@ func TestEPPPrefillWorkerHandsBackItsProbeAndLoadAtTheDecodesHeaders(t *testing.
 	if l := rt.ledger.Load(prefill); l.InFlight != 0 {
 		t.Errorf("prefill worker's load after the decode's response headers = %+v, want none", l)
 	}
+	if !rt.breakers.Allows(prefill.Worker) {
+		t.Errorf("the half-open prefill worker %s admits no probe after the decode's response headers: its probe is held until the decode ends", prefill.Worker)
+	}
 	if l := rt.ledger.Load(decode); l.InFlight != 1 {
 		t.Errorf("decode worker's load while its body streams = %+v, want one in flight", l)
 	}
