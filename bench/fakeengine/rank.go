@@ -156,10 +156,13 @@ func (rk *rank) step() {
 	// step's outputs: whoever sees a request finish can Flush and find its
 	// blocks announced.
 	rk.publishPending()
+	// The gauges too: a client that has its answer and scrapes /metrics must
+	// not find its request still running (as in vLLM, whose scheduler counts a
+	// request finished before its output goes back).
+	rk.updateGauges()
 	for _, r := range finished {
 		rk.end(r, nil)
 	}
-	rk.updateGauges()
 }
 
 // sleep waits d scaled by --time-scale; false when the engine is stopping.
