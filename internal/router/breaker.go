@@ -208,8 +208,20 @@ func (b *Breakers) openLocked(w string, br *breaker) {
 		br.timer.Stop()
 	}
 	if !b.stopped {
-		br.timer = b.afterFunc(br.cooldown, b.usable)
+		br.timer = b.afterFunc(br.cooldown, func() { b.cooldownEnded(w) })
 	}
+}
+
+// cooldownEnded turns w's breaker half-open when its cooldown is over, so that
+// the state gauge and State say so without waiting for a decision to ask
+// (Allows), and announces that the worker may be chosen again.
+func (b *Breakers) cooldownEnded(w string) {
+	b.mu.Lock()
+	if br := b.m[w]; br != nil && br.state == BreakerOpen && !b.now().Before(br.until) {
+		b.setLocked(w, br, BreakerHalfOpen)
+	}
+	b.mu.Unlock()
+	b.usable()
 }
 
 // usable announces that a worker may be chosen again (onUsable).

@@ -578,6 +578,11 @@ func TestBreakerAnnouncesAWorkerItStopsExcluding(t *testing.T) {
 	step("the failure that opens it", 0, func() { g.fail(1) })
 	step("part of the cooldown", 0, func() { g.clk.Advance(4 * time.Second) })
 	step("the end of the cooldown", 1, func() { g.clk.Advance(time.Second) })
+	// Half-open as soon as the cooldown ends (the state gauge shows it), not
+	// only once a decision asks.
+	if st, _ := g.b.State("w"); st != BreakerHalfOpen {
+		t.Fatalf("state %v at the end of the cooldown, before any decision, want half-open", st)
+	}
 	if !g.b.Allows("w") {
 		t.Fatal("no probe admitted after the cooldown")
 	}
