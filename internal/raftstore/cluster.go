@@ -3,6 +3,7 @@ package raftstore
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -86,6 +87,30 @@ func suffrageName(s raft.ServerSuffrage) string {
 		return SuffrageNonvoter
 	}
 	return SuffrageStaging
+}
+
+// ErrHasState: Bootstrap found raft state (a log, a term or a snapshot) here,
+// restored from the data dir or received from a leader since the node started.
+var ErrHasState = errors.New("raftstore: the node has raft state")
+
+// Bootstrap starts a cluster of this node alone, as Config.Bootstrap does at
+// start, for a node started without it that has decided since (after asking
+// the other would-be members). It fails with ErrHasState when the node has any
+// raft state: raft checks this on its own goroutine, the one that also takes a
+// leader's AppendEntries, so a node a leader reached first is never
+// bootstrapped into a second cluster.
+func (n *Node) Bootstrap(ctx context.Context) error {
+	boot := raft.Configuration{Servers: []raft.Server{{
+		Suffrage: raft.Voter, ID: raft.ServerID(n.cfg.NodeID), Address: n.transport.LocalAddr(),
+	}}}
+	err := n.await(ctx, n.raft.BootstrapCluster(boot))
+	switch {
+	case errors.Is(err, raft.ErrCantBootstrap):
+		return fmt.Errorf("%w: %w", ErrHasState, err)
+	case err != nil:
+		return fmt.Errorf("raftstore: bootstrap: %w", err)
+	}
+	return nil
 }
 
 // Join adds node id at raftAddr to the cluster as a voter (or a non-voter) and

@@ -198,12 +198,9 @@ func NewNode(cfg Config) (_ *Node, err error) {
 		}
 	}
 	if cfg.Bootstrap && !hasState {
-		boot := raft.Configuration{Servers: []raft.Server{{
-			Suffrage: raft.Voter, ID: raft.ServerID(cfg.NodeID), Address: n.transport.LocalAddr(),
-		}}}
-		if err := n.raft.BootstrapCluster(boot).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+		if err := n.Bootstrap(context.Background()); err != nil && !errors.Is(err, ErrHasState) {
 			n.raft.Shutdown()
-			return nil, fmt.Errorf("raftstore: bootstrap: %w", err)
+			return nil, err
 		}
 	}
 	log.Info("raft node started", "raft_addr", n.transport.LocalAddr(), "data_dir", cfg.DataDir,

@@ -65,26 +65,9 @@ func clusterLogger() *slog.Logger {
 // returns once every node is a voter and ready.
 func makeCluster(t *testing.T, n int, configure func(*Config)) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t}
-	t.Cleanup(func() {
-		for _, cn := range c.nodes {
-			if cn.srv != nil {
-				if err := cn.stop(); err != nil {
-					t.Errorf("%s: Run: %v", cn.id, err)
-				}
-			}
-		}
-	})
+	c := newTestCluster(t)
 	for i := range n {
-		cfg := testConfig(t)
-		cfg.NodeID = fmt.Sprintf("node-%d", i)
-		cfg.AdminToken = clusterToken
-		// Timeouts that survive -race on two busy cores without spurious elections.
-		cfg.Raft.HeartbeatTimeout = 400 * time.Millisecond
-		cfg.Raft.ElectionTimeout = 400 * time.Millisecond
-		cfg.Raft.LeaderLeaseTimeout = 300 * time.Millisecond
-		cfg.Raft.CommitTimeout = 20 * time.Millisecond
-		cfg.Ingest.ReplayTimeout = time.Second
+		cfg := clusterConfig(t, i)
 		if i > 0 {
 			cfg.Join = c.nodes[i-1].srv.GRPCAddr()
 		}
@@ -98,7 +81,44 @@ func makeCluster(t *testing.T, n int, configure func(*Config)) *testCluster {
 			c.waitReady(cn, 20*time.Second)
 		}
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	c.waitFormed(30 * time.Second)
+	return c
+}
+
+// newTestCluster is an empty test cluster whose nodes stop when t ends.
+func newTestCluster(t *testing.T) *testCluster {
+	c := &testCluster{t: t}
+	t.Cleanup(func() {
+		for _, cn := range c.nodes {
+			if cn.srv != nil {
+				if err := cn.stop(); err != nil {
+					t.Errorf("%s: Run: %v", cn.id, err)
+				}
+			}
+		}
+	})
+	return c
+}
+
+// clusterConfig is the config of test cluster node i ("node-<i>"), alone.
+func clusterConfig(t *testing.T, i int) Config {
+	cfg := testConfig(t)
+	cfg.NodeID = fmt.Sprintf("node-%d", i)
+	cfg.AdminToken = clusterToken
+	// Timeouts that survive -race on two busy cores without spurious elections.
+	cfg.Raft.HeartbeatTimeout = 400 * time.Millisecond
+	cfg.Raft.ElectionTimeout = 400 * time.Millisecond
+	cfg.Raft.LeaderLeaseTimeout = 300 * time.Millisecond
+	cfg.Raft.CommitTimeout = 20 * time.Millisecond
+	cfg.Ingest.ReplayTimeout = time.Second
+	return cfg
+}
+
+// waitFormed waits until every node of c sees all of them as voters and is ready.
+func (c *testCluster) waitFormed(timeout time.Duration) {
+	c.t.Helper()
+	t, n := c.t, len(c.nodes)
+	deadline := time.Now().Add(timeout)
 	for _, cn := range c.nodes {
 		for {
 			st, err := cn.srv.node.Cluster()
@@ -117,7 +137,6 @@ func makeCluster(t *testing.T, n int, configure func(*Config)) *testCluster {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	return c
 }
 
 // start runs cn's server from its config (and data dir).

@@ -53,6 +53,12 @@ type Config struct {
 	// Join is the gRPC address of a member of the cluster to join (--join);
 	// empty: a node without raft state starts a cluster of its own.
 	Join string
+	// BootstrapPeers (--bootstrap-peers) are the gRPC addresses of the other
+	// would-be members. A node with them, without Join and without raft state
+	// does not start a cluster at once: it asks each of them (bootstrap.go)
+	// and joins the cluster one of them is in, starts one only when every one
+	// answered that it is in none, and otherwise waits and asks again.
+	BootstrapPeers []string
 	// Bootstrap (--bootstrap) states that this node starts the cluster. It is
 	// what a node without --join does anyway, so it only guards against a
 	// --join given by mistake.
@@ -187,6 +193,10 @@ func (c *Config) Validate() error {
 		return invalid("--max-body-bytes=%d must be at least 1024", c.MaxBodyBytes)
 	case c.Join != "" && c.Bootstrap:
 		return invalid("--bootstrap starts a new cluster and --join=%s joins one: give one of them", c.Join)
+	case c.Join != "" && len(c.BootstrapPeers) > 0:
+		return invalid("--join=%s joins a cluster and --bootstrap-peers decides whether to start one: give one of them", c.Join)
+	case c.Bootstrap && len(c.BootstrapPeers) > 0:
+		return invalid("--bootstrap starts a new cluster at once and --bootstrap-peers only when no peer is in one: give one of them")
 	case c.MaxPromptTokens < 1:
 		return invalid("--max-prompt-tokens=%d must be at least 1", c.MaxPromptTokens)
 	case c.WatchBuffer < 1:
@@ -234,6 +244,11 @@ func (c *Config) Validate() error {
 		}
 		if _, _, err := net.SplitHostPort(a.v); err != nil {
 			return invalid("%s=%q is not host:port: %v", a.flag, a.v, err)
+		}
+	}
+	for _, p := range c.BootstrapPeers {
+		if _, _, err := net.SplitHostPort(p); err != nil {
+			return invalid("--bootstrap-peers: %q is not host:port: %v", p, err)
 		}
 	}
 	if c.AdminToken == "" && !c.InsecureNoAdminToken {
@@ -353,7 +368,9 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data `directory`: the raft log (raft.db) and snapshots; a restart resumes from it")
 	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "gRPC listen `host:port`: kvindex.v1 IndexService and AdminService, llm-d's indexer.v1.IndexerService, health, reflection (port 0 picks a free one)")
 	fs.StringVar(&cfg.GRPCAdvertise, "grpc-advertise", cfg.GRPCAdvertise, "`host:port` other members reach this node's gRPC at (default: --grpc-addr as bound)")
-	fs.StringVar(&cfg.Join, "join", cfg.Join, "gRPC `host:port` of any member of a cluster to join (the leader adds this node as a voter); empty: a node without raft state in --data-dir starts a single-node cluster")
+	fs.StringVar(&cfg.Join, "join", cfg.Join, "gRPC `host:port` of any member of a cluster to join (the leader adds this node as a voter); empty: a node without raft state in --data-dir starts a single-node cluster (see --bootstrap-peers)")
+	fs.Func("bootstrap-peers", "comma-separated gRPC `host:port` of the other would-be members; a node without raft state and without --join asks each of them first: it joins the cluster one of them is in, starts a new one only when every one answered that it is in none, and waits while some do not answer (so a member whose data dir was lost never starts a second cluster beside the first); empty: start at once",
+		func(v string) error { cfg.BootstrapPeers = envflag.SplitList(v); return nil })
 	fs.BoolVar(&cfg.Bootstrap, "bootstrap", cfg.Bootstrap, "start a new cluster with this node (what a node without --join and without raft state does anyway)")
 	registerRaftFlags(fs, &cfg.Raft)
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "HTTP listen `host:port`: the REST API (docs/api.md), /metrics, /healthz, /readyz (port 0 picks a free one)")
@@ -565,6 +582,6 @@ func (c *Config) raftConfig() raftstore.Config {
 	rc := c.Raft
 	rc.NodeID = c.NodeID
 	rc.DataDir = c.DataDir
-	rc.Bootstrap = c.Join == ""
+	rc.Bootstrap = c.Join == "" && len(c.BootstrapPeers) == 0 // with peers, bootstrap.go decides
 	return rc
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,7 +44,7 @@ func TestDefaultsAreValidAndDocumented(t *testing.T) {
 		"kv-event-transport", "nats-url", "nats-subject-prefix", "block-size", "max-body-bytes", "config",
 		"tls-cert", "tls-key", "tls-client-ca", "admin-token", "ledger-token", "insecure-no-admin-token", "raft-tls-ca", "raft-tls-cert", "raft-tls-key",
 		"http-read-timeout", "http-write-timeout", "max-discovered-workers", "max-discovered-dp-ranks", "discover-allow", "discover-replay-allow", "bind-replay-pattern", "ready-max-lag", "http-idle-timeout", "grpc-max-concurrent-streams", "max-watch-streams", "tokenizer", "fallback-tokenizer", "max-prompt-tokens", "watch-buffer",
-		"worker-dead-after", "worker-health-interval", "raft-addr", "raft-advertise", "grpc-advertise", "bootstrap", "join", "raft-batch-max-events", "raft-batch-max-wait",
+		"worker-dead-after", "worker-health-interval", "raft-addr", "raft-advertise", "grpc-advertise", "bootstrap", "bootstrap-peers", "join", "raft-batch-max-events", "raft-batch-max-wait",
 		"raft-snapshot-threshold", "raft-trailing-logs",
 		"kube-selector", "kube-namespace", "kubeconfig", "kube-http-port", "kube-default-model", "kube-resync", "kube-unready-grace"} {
 		if !strings.Contains(help.String(), "--"+name+" ") {
@@ -170,6 +171,9 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{[]string{"--raft-addr", "nocolon"}, nil, "--raft-addr=\"nocolon\""},
 		{[]string{"--join", "127.0.0.1"}, nil, "--join=\"127.0.0.1\""},
 		{[]string{"--join", "127.0.0.1:7070", "--bootstrap"}, nil, "give one of them"},
+		{[]string{"--join", "127.0.0.1:7070", "--bootstrap-peers", "127.0.0.1:7071"}, nil, "give one of them"},
+		{[]string{"--bootstrap", "--bootstrap-peers", "127.0.0.1:7071"}, nil, "give one of them"},
+		{nil, map[string]string{"KVINDEX_BOOTSTRAP_PEERS": "127.0.0.1:7071,nocolon"}, "--bootstrap-peers: \"nocolon\""},
 		{[]string{"--raft-leader-lease-timeout", "5s"}, nil, "--raft-leader-lease-timeout"},
 		{[]string{"--max-prompt-tokens", "0"}, nil, "--max-prompt-tokens=0"},
 		{[]string{"--tls-key", "k.pem"}, nil, "--tls-cert and --tls-key go together"},
@@ -204,6 +208,19 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ParseFlags(%q, %v) = %v, want an error mentioning %q", c.args, c.env, err, c.want)
 		}
+	}
+}
+
+// TestBootstrapPeersFlag: --bootstrap-peers (or KVINDEX_BOOTSTRAP_PEERS) is a
+// comma-separated list, and a node with it does not bootstrap raft at start
+// (bootstrap.go decides).
+func TestBootstrapPeersFlag(t *testing.T) {
+	cfg, err := ParseFlags(nil, &bytes.Buffer{}, env(map[string]string{"KVINDEX_BOOTSTRAP_PEERS": "a.ns.svc:7070, b.ns.svc:7070"}))
+	if err != nil || !slices.Equal(cfg.BootstrapPeers, []string{"a.ns.svc:7070", "b.ns.svc:7070"}) || cfg.raftConfig().Bootstrap {
+		t.Errorf("KVINDEX_BOOTSTRAP_PEERS: peers %q, raft bootstrap at start %v, %v", cfg.BootstrapPeers, cfg.raftConfig().Bootstrap, err)
+	}
+	if cfg, err := ParseFlags(nil, &bytes.Buffer{}, env(nil)); err != nil || !cfg.raftConfig().Bootstrap {
+		t.Errorf("without --join and --bootstrap-peers a new node must bootstrap at start: %v", err)
 	}
 }
 

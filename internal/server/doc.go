@@ -55,7 +55,8 @@
 //
 // A Server is built by New and run once by Run, which owns its goroutines
 // (ingest and the worker health probe while leading, the bind socket and its
-// forwarder, registry mirror, join, HTTP, the probe listener, gRPC, health, the
+// forwarder, registry mirror, join or the --bootstrap-peers decision
+// (bootstrap.go), HTTP, the probe listener, gRPC, health, the
 // console's leadership timeline) and returns after all of them stopped. API,
 // Backend implementations and ChangeFeed subscriptions are safe for concurrent
 // use; ChangeFeed.Prepare/Commit/WorkerRemoved and the other apply hooks run on

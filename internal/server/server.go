@@ -313,8 +313,11 @@ func (s *Server) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	})
-	if s.cfg.Join != "" {
-		run(func() { s.joinCluster(ctx) })
+	switch {
+	case s.cfg.Join != "":
+		run(func() { s.joinCluster(ctx, s.cfg.Join) })
+	case len(s.cfg.BootstrapPeers) > 0:
+		run(func() { s.bootstrapOrJoin(ctx) })
 	}
 	run(func() {
 		var err error
@@ -378,34 +381,40 @@ func (s *Server) Run(ctx context.Context) error {
 // joinBackoff paces the attempts to join the cluster.
 var joinBackoff = retry.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
 
-// joinCluster asks the member at --join to add this node (the member forwards
-// the request to the leader), until it succeeds or ctx ends. A node that is a
-// member already (a restart) is added again as a no-op, which also updates the
-// gRPC address the cluster knows for it.
-func (s *Server) joinCluster(ctx context.Context) {
+// joinCluster asks the member at via (--join, or a --bootstrap-peers member
+// in a cluster) to add this node (the member forwards the request to the
+// leader), until it succeeds or ctx ends. A node that is a member already (a
+// restart) is added again as a no-op, which also updates the gRPC address the
+// cluster knows for it.
+func (s *Server) joinCluster(ctx context.Context, via string) {
 	req := &kvindexv1.JoinRequest{NodeId: s.cfg.NodeID, RaftAddr: s.node.RaftAddr(), GrpcAddr: s.grpcAdvertise,
 		Suffrage: kvindexv1.Suffrage_SUFFRAGE_VOTER}
 	for attempt := 1; ; attempt++ {
-		actx, c, err := s.peers.admin(ctx, s.cfg.Join, false)
+		actx, c, err := s.peers.admin(ctx, via, false)
 		if err == nil {
 			var resp *kvindexv1.JoinResponse
 			if resp, err = c.Join(actx, req); err == nil {
-				s.log.Info("joined the cluster", "via", s.cfg.Join, "applied_index", resp.AppliedIndex, "attempts", attempt)
+				s.log.Info("joined the cluster", "via", via, "applied_index", resp.AppliedIndex, "attempts", attempt)
 				return
 			}
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		level := slog.LevelDebug
-		if attempt%10 == 1 {
-			level = slog.LevelWarn
-		}
-		s.log.Log(ctx, level, "joining the cluster failed; trying again", "via", s.cfg.Join, "attempt", attempt, "err", err)
+		s.log.Log(ctx, retryLogLevel(attempt), "joining the cluster failed; trying again", "via", via, "attempt", attempt, "err", err)
 		if joinBackoff.Wait(ctx, attempt-1) != nil {
 			return
 		}
 	}
+}
+
+// retryLogLevel rate-limits the log of a loop that retries: attempt 1 and
+// every tenth after it warn, the others are debug.
+func retryLogLevel(attempt int) slog.Level {
+	if attempt%10 == 1 {
+		return slog.LevelWarn
+	}
+	return slog.LevelDebug
 }
 
 // followReadiness keeps the gRPC health status equal to the backend's readiness.
