@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -290,10 +291,27 @@ func checkIndexer(t *testing.T, r *rendered, replicas int, selector string) {
 	if !strings.Contains(script, "--join=kv-indexer."+namespace+".svc:7070") || !strings.Contains(script, `"${POD_NAME##*-}" != "0"`) {
 		t.Errorf("indexer command %q: pods other than 0 must --join through the indexer Service", script)
 	}
+	// Pod 0 asks the others, by the names they advertise, before it starts a
+	// cluster (a lost volume must not make it start a second one).
+	bootstrapPeers := regexp.MustCompile(`else set -- "\$@" (--bootstrap-peers=[^;' ]+);`).FindStringSubmatch(script)
+	if bootstrapPeers == nil {
+		t.Fatalf("indexer command %q: pod 0 must get --bootstrap-peers", script)
+	}
+	var advertised []string // --grpc-advertise of pods 1..replicas-1
+	for i := 1; i < replicas; i++ {
+		args := expand(c.Args, map[string]string{"POD_NAME": fmt.Sprintf("kv-indexer-%d", i), "POD_NAMESPACE": namespace})
+		cfg, err := server.ParseFlags(append(args, "--join=kv-indexer."+namespace+".svc:7070"), io.Discard, env("KVINDEX_ADMIN_TOKEN", "secret"))
+		if err != nil {
+			t.Fatalf("kv-indexer-%d: the indexer refuses the chart's flags %q: %v", i, args, err)
+		}
+		advertised = append(advertised, cfg.GRPCAdvertise)
+	}
 	for _, pod := range []string{"kv-indexer-0", "kv-indexer-1"} {
 		args := expand(c.Args, map[string]string{"POD_NAME": pod, "POD_NAMESPACE": namespace})
 		if pod != "kv-indexer-0" {
 			args = append(args, "--join=kv-indexer."+namespace+".svc:7070")
+		} else {
+			args = append(args, bootstrapPeers[1])
 		}
 		cfg, err := server.ParseFlags(args, io.Discard, env("KVINDEX_ADMIN_TOKEN", "secret"))
 		if err != nil {
@@ -301,6 +319,9 @@ func checkIndexer(t *testing.T, r *rendered, replicas int, selector string) {
 		}
 		if cfg.NodeID != pod {
 			t.Errorf("--node-id %q, want the pod name %q", cfg.NodeID, pod)
+		}
+		if pod == "kv-indexer-0" && !slices.Equal(cfg.BootstrapPeers, advertised) {
+			t.Errorf("kv-indexer-0 --bootstrap-peers %q, want the other pods' --grpc-advertise %q", cfg.BootstrapPeers, advertised)
 		}
 		if got, want := portOf(t, cfg.HTTPAddr), containerPort(t, c, "http"); got != want {
 			t.Errorf("--http-addr port %d, container port http %d", got, want)
