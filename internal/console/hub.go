@@ -107,7 +107,13 @@ func (h *Hub) subscribe() (*subscriber, error) {
 func (h *Hub) unsubscribe(s *subscriber) {
 	h.mu.Lock()
 	delete(h.subs, s)
+	last := len(h.subs) == 0
 	h.mu.Unlock()
+	if last {
+		// run returns now rather than at its next tick (up to an Interval
+		// later): the goroutine ends with the last stream, not after it.
+		h.Kick()
+	}
 }
 
 // run builds snapshots while anyone is subscribed, and returns when nobody is.

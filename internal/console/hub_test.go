@@ -130,9 +130,13 @@ func TestHubSlowSubscriberDoesNotBlock(t *testing.T) {
 	}
 }
 
+// TestHubStopsWhenNobodyWatches: the snapshot goroutine ends when the last
+// stream does, not at its next tick (here an hour away), so that nothing it
+// owns outlives the streams.
 func TestHubStopsWhenNobodyWatches(t *testing.T) {
 	var n atomic.Int64
 	h := counterHub(&n, 2)
+	h.cfg.Interval = time.Hour
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	resp, r := stream(t, srv.URL)
