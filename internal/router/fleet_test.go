@@ -28,14 +28,7 @@ import (
 func TestWorkersFileIsReloaded(t *testing.T) {
 	f := startFleet(t, 2, nil)
 	path := filepath.Join(t.TempDir(), "workers.yaml")
-	write := func(ids ...string) {
-		var b strings.Builder
-		b.WriteString("workers:\n")
-		for _, id := range ids {
-			fmt.Fprintf(&b, "  - {id: %s, model: %s, block-size: 4, http: %s}\n", id, testModel, f.engines[id].URL())
-		}
-		atomicWrite(t, path, b.String())
-	}
+	write := func(ids ...string) { writeWorkersFile(t, f, path, ids...) }
 	write("w0")
 	cfg := testConfig(t, f)
 	cfg.Workers = nil

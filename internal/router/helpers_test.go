@@ -238,6 +238,18 @@ type completion struct {
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
+// writeWorkersFile writes path (atomically) as a workers file naming f's
+// engines ids.
+func writeWorkersFile(t *testing.T, f *fleet, path string, ids ...string) {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("workers:\n")
+	for _, id := range ids {
+		fmt.Fprintf(&b, "  - {id: %s, model: %s, block-size: 4, http: %s}\n", id, testModel, f.engines[id].URL())
+	}
+	atomicWrite(t, path, b.String())
+}
+
 // post sends body to the router and returns the status, the decoded answer
 // (when 200) and the raw body.
 func post(t testing.TB, url, path, body string, header ...string) (int, completion, string) {
