@@ -119,9 +119,7 @@ func (b *Breakers) Allows(w string) bool {
 	if br == nil {
 		return true
 	}
-	if br.state == BreakerOpen && !b.now().Before(br.until) {
-		b.setLocked(w, br, BreakerHalfOpen)
-	}
+	b.halfOpenIfDueLocked(w, br)
 	switch br.state {
 	case BreakerClosed:
 		return true
@@ -217,11 +215,18 @@ func (b *Breakers) openLocked(w string, br *breaker) {
 // (Allows), and announces that the worker may be chosen again.
 func (b *Breakers) cooldownEnded(w string) {
 	b.mu.Lock()
-	if br := b.m[w]; br != nil && br.state == BreakerOpen && !b.now().Before(br.until) {
-		b.setLocked(w, br, BreakerHalfOpen)
+	if br := b.m[w]; br != nil {
+		b.halfOpenIfDueLocked(w, br)
 	}
 	b.mu.Unlock()
 	b.usable()
+}
+
+// halfOpenIfDueLocked turns an open breaker whose cooldown is over half-open.
+func (b *Breakers) halfOpenIfDueLocked(w string, br *breaker) {
+	if br.state == BreakerOpen && !b.now().Before(br.until) {
+		b.setLocked(w, br, BreakerHalfOpen)
+	}
 }
 
 // usable announces that a worker may be chosen again (onUsable).
