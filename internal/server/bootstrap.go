@@ -23,7 +23,8 @@ var errNoAnswer = errors.New("a bootstrap peer did not answer")
 // resumed from its data dir (or that a leader has reached since it started)
 // has a configuration and decides nothing. Otherwise it asks every peer
 // whether it is in a cluster (has members or knows a leader): if one is, this
-// node joins through it and never bootstraps; if every peer answered that it
+// node joins through one of those that are (each in turn, asking again when
+// none took the join) and never bootstraps; if every peer answered that it
 // is in none, this is a first install and the node bootstraps; if some did not
 // answer, it waits and asks again until ctx ends. So a member whose data dir
 // was lost while the others run joins them instead of starting a second
@@ -42,15 +43,25 @@ func (s *Server) bootstrapOrJoin(ctx context.Context) {
 			}
 			return
 		}
-		via, err := s.askBootstrapPeers(ctx)
+		vias, err := s.askBootstrapPeers(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		switch {
-		case via != "":
-			s.log.Info("a --bootstrap-peers member is in a cluster: joining it", "via", via)
-			s.joinCluster(ctx, via)
-			return
+		case len(vias) > 0:
+			// Any member of the cluster forwards a join: try each that said
+			// it is in one, then ask again (one may have died since).
+			for _, via := range vias {
+				resp, jerr := s.joinOnce(ctx, via)
+				if jerr == nil {
+					s.log.Info("joined the cluster of the --bootstrap-peers members", "via", via, "applied_index", resp.AppliedIndex, "attempts", attempt)
+					return
+				}
+				err = errors.Join(err, fmt.Errorf("joining through %s: %w", via, jerr))
+			}
+			if ctx.Err() != nil {
+				return
+			}
 		case err == nil:
 			err = s.node.Bootstrap(ctx)
 			switch {
@@ -73,10 +84,10 @@ func (s *Server) bootstrapOrJoin(ctx context.Context) {
 }
 
 // askBootstrapPeers asks each --bootstrap-peers member, at once, whether it
-// is in a cluster. It returns the address of one that is (preferring one that
-// knows its leader, which forwards a join without waiting for an election);
-// else nil when every member answered, else why some did not.
-func (s *Server) askBootstrapPeers(ctx context.Context) (via string, err error) {
+// is in a cluster. It returns the addresses of those that are (first those
+// that know their leader, which forward a join without waiting for an
+// election); else nil when every member answered, else why some did not.
+func (s *Server) askBootstrapPeers(ctx context.Context) (vias []string, err error) {
 	type answer struct {
 		inCluster, hasLeader bool
 		err                  error
@@ -104,19 +115,20 @@ func (s *Server) askBootstrapPeers(ctx context.Context) (via string, err error) 
 		})
 	}
 	wg.Wait()
+	var withLeader, withoutLeader []string
 	var errs []error
 	for i, a := range answers {
 		switch {
 		case a.hasLeader:
-			return s.cfg.BootstrapPeers[i], nil
-		case a.inCluster && via == "":
-			via = s.cfg.BootstrapPeers[i]
+			withLeader = append(withLeader, s.cfg.BootstrapPeers[i])
+		case a.inCluster:
+			withoutLeader = append(withoutLeader, s.cfg.BootstrapPeers[i])
 		case a.err != nil:
 			errs = append(errs, a.err)
 		}
 	}
-	if via != "" {
-		return via, nil
+	if vias = append(withLeader, withoutLeader...); len(vias) > 0 {
+		return vias, nil
 	}
-	return "", errors.Join(errs...)
+	return nil, errors.Join(errs...)
 }

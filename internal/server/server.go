@@ -381,22 +381,21 @@ func (s *Server) Run(ctx context.Context) error {
 // joinBackoff paces the attempts to join the cluster.
 var joinBackoff = retry.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
 
-// joinCluster asks the member at via (--join, or a --bootstrap-peers member
-// in a cluster) to add this node (the member forwards the request to the
-// leader), until it succeeds or ctx ends. A node that is a member already (a
-// restart) is added again as a no-op, which also updates the gRPC address the
-// cluster knows for it.
+// joinAttemptTimeout bounds one Join: a member that takes the connection but
+// never answers must not hold the join up for good (a Join retried after a
+// timeout that did add this node is a no-op).
+const joinAttemptTimeout = 15 * time.Second
+
+// joinCluster asks the member at via (--join) to add this node, until it
+// succeeds or ctx ends. A node that is a member already (a restart) is added
+// again as a no-op, which also updates the gRPC address the cluster knows for
+// it.
 func (s *Server) joinCluster(ctx context.Context, via string) {
-	req := &kvindexv1.JoinRequest{NodeId: s.cfg.NodeID, RaftAddr: s.node.RaftAddr(), GrpcAddr: s.grpcAdvertise,
-		Suffrage: kvindexv1.Suffrage_SUFFRAGE_VOTER}
 	for attempt := 1; ; attempt++ {
-		actx, c, err := s.peers.admin(ctx, via, false)
+		resp, err := s.joinOnce(ctx, via)
 		if err == nil {
-			var resp *kvindexv1.JoinResponse
-			if resp, err = c.Join(actx, req); err == nil {
-				s.log.Info("joined the cluster", "via", via, "applied_index", resp.AppliedIndex, "attempts", attempt)
-				return
-			}
+			s.log.Info("joined the cluster", "via", via, "applied_index", resp.AppliedIndex, "attempts", attempt)
+			return
 		}
 		if ctx.Err() != nil {
 			return
@@ -406,6 +405,19 @@ func (s *Server) joinCluster(ctx context.Context, via string) {
 			return
 		}
 	}
+}
+
+// joinOnce asks the member at via to add this node as a voter (the member
+// forwards the request to the leader).
+func (s *Server) joinOnce(ctx context.Context, via string) (*kvindexv1.JoinResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, joinAttemptTimeout)
+	defer cancel()
+	actx, c, err := s.peers.admin(ctx, via, false)
+	if err != nil {
+		return nil, err
+	}
+	return c.Join(actx, &kvindexv1.JoinRequest{NodeId: s.cfg.NodeID, RaftAddr: s.node.RaftAddr(), GrpcAddr: s.grpcAdvertise,
+		Suffrage: kvindexv1.Suffrage_SUFFRAGE_VOTER})
 }
 
 // retryLogLevel rate-limits the log of a loop that retries: attempt 1 and
