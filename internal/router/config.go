@@ -355,7 +355,7 @@ func registerFlags(fs *flag.FlagSet, c *Config) {
 	fs.BoolVar(&c.WorkersFromIndexer, "workers-from-indexer", c.WorkersFromIndexer, "take the workers from the indexer's registry (kept current by polling and Watch)")
 	fs.DurationVar(&c.WorkersRefresh, "workers-refresh", c.WorkersRefresh, "period of the workers-file check, the registry poll and each worker's /v1/models poll")
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per KV block of workers whose spec gives no block-size (vLLM --block-size)")
-	fs.Var(&c.Tokenizers, "tokenizer", "`model=dir` of the model's Hugging Face tokenizer.json + tokenizer_config.json (repeatable); models without one use the built-in byte-level tokenizer (the fake engine's), which a real engine does not share: watch kvindex_router_token_parity")
+	fs.Var(&c.Tokenizers, "tokenizer", "`model=dir` of the model's Hugging Face tokenizer.json + tokenizer_config.json (repeatable; several in one value separated by ';', as the environment variable takes them); models without one use the built-in byte-level tokenizer (the fake engine's), which a real engine does not share: watch kvindex_router_token_parity")
 	fs.Int64Var(&c.TokenizeCacheBytes, "tokenize-cache-bytes", c.TokenizeCacheBytes, "memory budget of the tokenization cache (segments and prompt block keys)")
 	fs.StringVar(&c.Policy, "router-policy", c.Policy, "routing policy: "+strings.Join(Policies, "|"))
 	fs.StringVar(&c.Mode, "router-mode", c.Mode, "auto: the policy picks; direct: dispatch to the x-worker-instance-id (and x-prefill-instance-id) header, the policy when absent")

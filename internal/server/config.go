@@ -395,7 +395,7 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.DurationVar(&cfg.LedgerPushInterval, "ledger-push-interval", cfg.LedgerPushInterval, "routers' load ledger: shortest time between two fleet views pushed to a router")
 	fs.IntVar(&cfg.LedgerMaxRouters, "ledger-max-routers", cfg.LedgerMaxRouters, "routers' load ledger: most routers held (more: RESOURCE_EXHAUSTED)")
 	fs.Var(&tokenizerFlag{list: &cfg.Tokenizers, replaceOld: replaceLists}, "tokenizer",
-		"tokenizer of a model for text and chat prompts, repeatable, as `model=dir` (a Hugging Face tokenizer.json directory; dir \"builtin\": the fake engine's byte-level tokenizer)")
+		"tokenizer of a model for text and chat prompts, repeatable, as `model=dir` (a Hugging Face tokenizer.json directory; dir \"builtin\": the fake engine's byte-level tokenizer); several in one value separated by ';', as the environment variable takes them")
 	fs.StringVar(&cfg.FallbackTokenizer, "fallback-tokenizer", cfg.FallbackTokenizer, "tokenizer for models without --tokenizer: \"builtin\" or empty (text for such models is refused)")
 	fs.IntVar(&cfg.ReadyMaxLag, "ready-max-lag", cfg.ReadyMaxLag, "committed log entries a node may have left to apply and still answer /readyz 200 (a follower also needs recent contact with the leader and the leader's commit index)")
 	fs.IntVar(&cfg.WatchBuffer, "watch-buffer", cfg.WatchBuffer, "log entries of changes a Watch stream may fall behind before it is ended, and the recent entries whose changes are kept for Watch streams that resume (an entry carries up to --raft-batch-max-events block events)")

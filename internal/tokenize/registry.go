@@ -58,12 +58,17 @@ type Spec struct {
 // String returns the flag form, model=dir.
 func (s Spec) String() string { return s.Model + "=" + s.Dir }
 
-// ParseSpec parses "<model>=<dir>". The model may itself contain '=' only if the
-// directory does not; the split is at the last '='.
+// ParseSpec parses "<model>=<dir>", split at the last '=' (a directory may
+// hold one). A model name holding '=' is refused: it is almost always two
+// specs joined with ',' ("a=/x,b=/y"), which would otherwise load /y for a
+// model named "a=/x,b".
 func ParseSpec(s string) (Spec, error) {
 	i := strings.LastIndexByte(s, '=')
 	if i <= 0 || i == len(s)-1 {
 		return Spec{}, fmt.Errorf("%w %q: want <model>=<dir>", ErrBadSpec, s)
+	}
+	if strings.IndexByte(s[:i], '=') >= 0 {
+		return Spec{}, fmt.Errorf("%w %q: a model name holds no '=' (separate several <model>=<dir> with ';')", ErrBadSpec, s)
 	}
 	return Spec{Model: s[:i], Dir: s[i+1:]}, nil
 }
@@ -71,22 +76,34 @@ func ParseSpec(s string) (Spec, error) {
 // Specs is a repeatable flag.Value collecting --tokenizer values.
 type Specs []Spec
 
-// String joins the specs with commas.
+// String joins the specs with ';', as Set takes them.
 func (s *Specs) String() string {
 	parts := make([]string, len(*s))
 	for i, spec := range *s {
 		parts[i] = spec.String()
 	}
-	return strings.Join(parts, ",")
+	return strings.Join(parts, ";")
 }
 
-// Set parses and appends one spec.
+// Set parses and appends the specs of v: one, or several separated by ';'
+// (an environment variable is set once, so ';' is how it names more than
+// one, as for --worker).
 func (s *Specs) Set(v string) error {
-	spec, err := ParseSpec(v)
-	if err != nil {
-		return err
+	var specs []Spec
+	for _, item := range strings.Split(v, ";") {
+		if strings.TrimSpace(item) == "" {
+			continue
+		}
+		spec, err := ParseSpec(item)
+		if err != nil {
+			return err
+		}
+		specs = append(specs, spec)
 	}
-	*s = append(*s, spec)
+	if len(specs) == 0 {
+		return fmt.Errorf("%w %q: want <model>=<dir>", ErrBadSpec, v)
+	}
+	*s = append(*s, specs...)
 	return nil
 }
 

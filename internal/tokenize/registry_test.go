@@ -31,7 +31,9 @@ func TestParseSpec(t *testing.T) {
 		wantErr bool
 	}{
 		{"meta-llama/Llama-3.1-8B=/models/llama", Spec{"meta-llama/Llama-3.1-8B", "/models/llama"}, false},
-		{"a=b=c", Spec{"a=b", "c"}, false},
+		{"a=b=c", Spec{}, true},
+		// Two specs joined with ',' instead of ';'.
+		{"Qwen/Qwen3-8B=/models/qwen3,meta-llama/Llama-3.1-8B=/models/llama", Spec{}, true},
 		{"noequals", Spec{}, true},
 		{"=dir", Spec{}, true},
 		{"model=", Spec{}, true},
@@ -51,14 +53,22 @@ func TestSpecsIsARepeatableFlag(t *testing.T) {
 	var specs Specs
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	fs.Var(&specs, "tokenizer", "")
-	if err := fs.Parse([]string{"--tokenizer", "a=/x", "--tokenizer=b=/y"}); err != nil {
+	if err := fs.Parse([]string{"--tokenizer", "a=/x", "--tokenizer=b=/y;c=/z;"}); err != nil {
 		t.Fatal(err)
 	}
-	if want := (Specs{{"a", "/x"}, {"b", "/y"}}); !slices.Equal(specs, want) {
+	if want := (Specs{{"a", "/x"}, {"b", "/y"}, {"c", "/z"}}); !slices.Equal(specs, want) {
 		t.Fatalf("specs = %v, want %v", specs, want)
 	}
-	if specs.String() != "a=/x,b=/y" {
-		t.Fatalf("String() = %q", specs.String())
+	// String is a value Set takes back.
+	var again Specs
+	if err := again.Set(specs.String()); err != nil || !slices.Equal(again, specs) {
+		t.Fatalf("Set(String() = %q) = %v, %v; want %v", specs.String(), again, err, specs)
+	}
+	for _, bad := range []string{"", ";", "a=/x;b"} {
+		var s Specs
+		if err := s.Set(bad); !errors.Is(err, ErrBadSpec) || len(s) != 0 {
+			t.Errorf("Set(%q) = %v, specs %v; want ErrBadSpec and nothing added", bad, err, s)
+		}
 	}
 }
 
