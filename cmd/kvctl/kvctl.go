@@ -205,14 +205,14 @@ func usageError(fs *flag.FlagSet, format string, args ...any) error {
 func scoreCmd(fs *flag.FlagSet) func(context.Context, *kvindex.Client, *printer) error {
 	req := &kvindexv1.ScoreRequest{}
 	var tokens, workers string
-	var blockSize uint
+	var blockSize uint32
 	var linearizable bool
 	fs.StringVar(&req.Model, "model", "", "model of the prompt (required)")
 	fs.StringVar(&req.Text, "text", "", "the prompt as text, tokenized by the indexer")
 	fs.StringVar(&tokens, "tokens", "", "the prompt as comma-separated token ids")
 	fs.StringVar(&req.LoraName, "lora", "", "LoRA adapter name")
 	fs.StringVar(&req.CacheSalt, "cache-salt", "", "cache salt")
-	fs.UintVar(&blockSize, "block-size", 0, "tokens per block (default: the model's workers')")
+	fs.Var(envflag.Uint32{V: &blockSize}, "block-size", "tokens per block (default: the model's workers')")
 	fs.StringVar(&workers, "workers", "", "comma-separated worker ids to score (default: every worker of the model)")
 	fs.BoolVar(&linearizable, "linearizable", false, "read the leader's latest state instead of the member's")
 	return func(ctx context.Context, c *kvindex.Client, out *printer) error {
@@ -230,8 +230,7 @@ func scoreCmd(fs *flag.FlagSet) func(context.Context, *kvindex.Client, *printer)
 			req.TokenIds = append(req.TokenIds, uint32(id))
 		}
 		if blockSize > 0 {
-			bs := uint32(blockSize)
-			req.BlockSize = &bs
+			req.BlockSize = &blockSize
 		}
 		req.Workers = envflag.SplitList(workers)
 		if linearizable {
@@ -373,7 +372,7 @@ func dumpCmd(fs *flag.FlagSet) func(context.Context, *kvindex.Client, *printer) 
 
 func registerCmd(fs *flag.FlagSet) func(context.Context, *kvindex.Client, *printer) error {
 	spec := &kvindexv1.WorkerSpec{}
-	var blockSize, dpSize uint
+	var blockSize, dpSize uint32
 	var role string
 	fs.StringVar(&spec.Id, "id", "", "worker id (required)")
 	fs.StringVar(&spec.Model, "model", "", "served model (required)")
@@ -381,14 +380,14 @@ func registerCmd(fs *flag.FlagSet) func(context.Context, *kvindex.Client, *print
 	fs.StringVar(&spec.ReplayEndpoint, "replay", "", "ZMQ replay endpoint of dp rank 0")
 	fs.StringVar(&spec.EventsTopic, "topic", "", "ZMQ topic to subscribe to")
 	fs.StringVar(&spec.HttpEndpoint, "http", "", "the engine's OpenAI base URL")
-	fs.UintVar(&blockSize, "block-size", 0, "tokens per block")
-	fs.UintVar(&dpSize, "dp-size", 0, "data-parallel ranks")
+	fs.Var(envflag.Uint32{V: &blockSize}, "block-size", "tokens per block")
+	fs.Var(envflag.Uint32{V: &dpSize}, "dp-size", "data-parallel ranks")
 	fs.StringVar(&role, "role", "", "aggregated, prefill or decode")
 	return func(ctx context.Context, c *kvindex.Client, out *printer) error {
 		if spec.Id == "" || spec.Model == "" {
 			return usageError(fs, "--id and --model are required")
 		}
-		spec.BlockSize, spec.DpSize = uint32(blockSize), uint32(dpSize)
+		spec.BlockSize, spec.DpSize = blockSize, dpSize
 		if role != "" {
 			r, ok := kvindexv1.WorkerRole_value["WORKER_ROLE_"+strings.ToUpper(role)]
 			if !ok {

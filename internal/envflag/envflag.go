@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 )
 
@@ -107,5 +108,27 @@ func (l List) Set(v string) error {
 			*l.Items = append(*l.Items, s)
 		}
 	}
+	return nil
+}
+
+// Uint32 is a flag.Value holding a uint32: a value beyond its range is an
+// error, not wrapped (a plain flag.UintVar converted afterwards turns
+// 4294967312 into 16).
+type Uint32 struct{ V *uint32 }
+
+func (f Uint32) String() string {
+	if f.V == nil {
+		return "0"
+	}
+	return strconv.FormatUint(uint64(*f.V), 10)
+}
+
+// Set parses a base-10 value in 0..4294967295.
+func (f Uint32) Set(s string) error {
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return err
+	}
+	*f.V = uint32(n)
 	return nil
 }

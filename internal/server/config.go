@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -291,25 +290,6 @@ func (c *Config) validateKube() error {
 	return nil
 }
 
-// uint32Flag is a flag of a uint32 value.
-type uint32Flag struct{ v *uint32 }
-
-func (f uint32Flag) String() string {
-	if f.v == nil {
-		return "0"
-	}
-	return strconv.FormatUint(uint64(*f.v), 10)
-}
-
-func (f uint32Flag) Set(s string) error {
-	n, err := strconv.ParseUint(s, 10, 32)
-	if err != nil {
-		return err
-	}
-	*f.v = uint32(n)
-	return nil
-}
-
 // workerFlag is the repeatable --worker flag. Workers from the config file are its
 // default; the first --worker on the command line (or KVINDEX_WORKER) replaces
 // them rather than adding to them, as any other flag replaces its file value.
@@ -389,7 +369,7 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	fs.DurationVar(&cfg.HTTPReadTimeout, "http-read-timeout", cfg.HTTPReadTimeout, "longest time to read an HTTP request, body included (slower: 408 and the connection closed)")
 	fs.DurationVar(&cfg.HTTPWriteTimeout, "http-write-timeout", cfg.HTTPWriteTimeout, "longest time to write an HTTP response (a dump: each part of it), and one message of a gRPC Watch or Dump")
 	fs.DurationVar(&cfg.HTTPIdleTimeout, "http-idle-timeout", cfg.HTTPIdleTimeout, "how long an idle keep-alive HTTP connection is kept open")
-	fs.Var(uint32Flag{&cfg.GRPCMaxConcurrentStreams}, "grpc-max-concurrent-streams", "most gRPC calls open at once on one connection (more wait for a free one)")
+	fs.Var(envflag.Uint32{V: &cfg.GRPCMaxConcurrentStreams}, "grpc-max-concurrent-streams", "most gRPC calls open at once on one connection (more wait for a free one)")
 	fs.IntVar(&cfg.MaxWatchStreams, "max-watch-streams", cfg.MaxWatchStreams, "most Watch streams open at once on this node (more: RESOURCE_EXHAUSTED)")
 	fs.DurationVar(&cfg.LedgerLease, "ledger-lease", cfg.LedgerLease, "routers' load ledger: how long a router's load still counts after its stream ended")
 	fs.DurationVar(&cfg.LedgerPushInterval, "ledger-push-interval", cfg.LedgerPushInterval, "routers' load ledger: shortest time between two fleet views pushed to a router")
