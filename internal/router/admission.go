@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"math"
 	"slices"
@@ -39,7 +40,8 @@ var (
 // to an older head pokes that head (it may not have been woken yet: a new
 // request can find a worker free before the wake-up that freed it reaches the
 // head), and a waiter that leaves pokes the later heads it held workers from.
-// Safe for concurrent use.
+// The dry run (dryAdmit) decides with the same held predicate, and queues and
+// pokes nobody. Safe for concurrent use.
 type admission struct {
 	size    int
 	timeout time.Duration
@@ -100,11 +102,50 @@ func (r *Router) admit(ctx context.Context, p *prepared, tried map[string]bool) 
 	// is admitted.
 	route, failed := p.route, maps.Clone(tried)
 	serves := func(w *Worker) bool { return !failed[w.ID] && route.eligible(w) }
-	return r.adm.admit(ctx, queueKey(p, tried), serves, r.ledger.Changed, func(held func(*Worker) bool) (*Decision, error) {
+	return r.adm.admit(ctx, queueKey(p, tried), serves, r.ledger.Changed, r.decideHeld(ctx, p, tried, false))
+}
+
+// decideHeld is decide with the workers held for earlier waiters (the held
+// predicate the admission queue hands it) excluded.
+func (r *Router) decideHeld(ctx context.Context, p *prepared, tried map[string]bool, dryRun bool) func(held func(*Worker) bool) (*Decision, error) {
+	return func(held func(*Worker) bool) (*Decision, error) {
 		p.route.held = held
 		defer func() { p.route.held = nil }()
-		return r.decide(ctx, p, tried, false)
-	})
+		return r.decide(ctx, p, tried, dryRun)
+	}
+}
+
+// dryAdmit is admit for the dry run (POST /debug/route): the decision p would
+// get on arrival, taken with the workers of the earlier waiters held exactly as
+// admit holds them, or, when p would wait in the admission queue instead, why.
+// It changes nothing: it neither queues nor pokes a waiter, and its decision
+// reserves no load and takes no breaker probe. A request that would wait while
+// the queue is full gets ErrQueueFull, as admit answers it.
+func (r *Router) dryAdmit(ctx context.Context, p *prepared) (*Decision, *waitJSON, error) {
+	if p.route.DirectWorker != "" {
+		d, err := r.decide(ctx, p, nil, true)
+		return d, nil, err
+	}
+	heads, ahead, full := r.adm.look(queueKey(p, nil))
+	var wait waitJSON
+	if ahead > 0 {
+		wait.Ahead = ahead
+		wait.Reason = fmt.Sprintf("%d requests for the same candidates wait ahead of it in the admission queue", ahead)
+	} else {
+		d, err := r.decideHeld(ctx, p, nil, true)(heldFor(heads, func(_ *waiter, w *Worker) {
+			if !slices.Contains(wait.Held, w.ID) {
+				wait.Held = append(wait.Held, w.ID)
+			}
+		}))
+		if !errors.Is(err, errBusy) {
+			return d, nil, err
+		}
+		wait.Reason = "every eligible worker is busy, full or held for an earlier waiter of another candidate set"
+	}
+	if full {
+		return nil, nil, ErrQueueFull
+	}
+	return nil, &wait, nil
 }
 
 // queueKey names the candidate set a request draws from, which its admission
@@ -180,22 +221,30 @@ func (a *admission) admit(ctx context.Context, queue string, serves func(*Worker
 // (the wake-up that freed the worker may not have reached it yet).
 func (a *admission) try(decide func(held func(*Worker) bool) (*Decision, error), earlier []*waiter) (*Decision, error) {
 	var holders []*waiter
-	held := func(wk *Worker) bool {
+	d, err := decide(heldFor(earlier, func(h *waiter, _ *Worker) {
+		if !slices.Contains(holders, h) {
+			holders = append(holders, h)
+		}
+	}))
+	for _, h := range holders {
+		poke(h)
+	}
+	return d, err
+}
+
+// heldFor is the held predicate of a decision that comes after the waiters
+// earlier (oldest first): a worker one of them may be served by is held for the
+// oldest such waiter, and found is told which.
+func heldFor(earlier []*waiter, found func(h *waiter, wk *Worker)) func(*Worker) bool {
+	return func(wk *Worker) bool {
 		for _, h := range earlier {
 			if h.serves(wk) {
-				if !slices.Contains(holders, h) {
-					holders = append(holders, h)
-				}
+				found(h, wk)
 				return true
 			}
 		}
 		return false
 	}
-	d, err := decide(held)
-	for _, h := range holders {
-		poke(h)
-	}
-	return d, err
 }
 
 func poke(w *waiter) {
@@ -208,13 +257,23 @@ func poke(w *waiter) {
 // arrive reports whether queue is empty, so that a new request may decide at
 // once, and the heads of the other queues, every one of them earlier than it.
 func (a *admission) arrive(queue string) (heads []*waiter, first bool) {
+	heads, ahead, _ := a.look(queue)
+	return heads, ahead == 0
+}
+
+// look is what a request arriving for queue finds: how many wait in it already
+// (ahead), the heads of the other queues when none does (nil otherwise: the
+// request would not decide), and whether the queue is full.
+func (a *admission) look(queue string) (heads []*waiter, ahead int, full bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.queues[queue]) > 0 {
-		return nil, false
+	if ahead = len(a.queues[queue]); ahead == 0 {
+		heads = a.headsBeforeLocked(queue, math.MaxUint64)
 	}
-	return a.headsBeforeLocked(queue, math.MaxUint64), true
+	return heads, ahead, a.fullLocked()
 }
+
+func (a *admission) fullLocked() bool { return a.n >= a.size }
 
 // headsBefore lists the heads of the queues other than queue that arrived
 // before seq, oldest first.
@@ -238,7 +297,7 @@ func (a *admission) headsBeforeLocked(queue string, seq uint64) []*waiter {
 func (a *admission) enqueue(queue string, serves func(*Worker) bool) (*waiter, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.n >= a.size {
+	if a.fullLocked() {
 		return nil, ErrQueueFull
 	}
 	a.seq++

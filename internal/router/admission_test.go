@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvindex/kvindex/bench/fakeengine"
+	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
 // slots is a fake fleet for the admission queue: workers with free slots. A
@@ -706,6 +708,151 @@ func TestAdmissionAFreedWorkerGoesToTheOldestWaiterOfAnySet(t *testing.T) {
 	}
 	q.exchanges["C"].cancel()
 	rt.assertNoLoad(t, f.ids)
+}
+
+// dryRunAnswer is a POST /debug/route answer as the wire has it.
+type dryRunAnswer struct {
+	Worker   string      `json:"worker"`
+	Excluded []Exclusion `json:"excluded"`
+	Wait     *struct {
+		Reason string   `json:"reason"`
+		Ahead  int      `json:"queued_ahead"`
+		Held   []string `json:"held_for_earlier"`
+	} `json:"wait"`
+}
+
+// The dry run (POST /debug/route) decides as the admission queue decides a
+// request on arrival, without its side effects. A worker that an older waiter
+// of another candidate set can use is left to it where the real decision
+// leaves it (excluded as "queued"); a request the real path would queue is
+// shown waiting, with the workers it leaves to earlier waiters or the requests
+// of its own set ahead of it; one the real path would refuse gets the same
+// 429. The dry run neither wakes the older waiter nor holds load; the real
+// decision that leaves it a worker wakes it.
+func TestDryRunLeavesAWorkerToAnOlderWaiterAsTheRealDecisionDoes(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Policy = PolicyLeastLoaded
+	cfg.BlockSize = 4
+	cfg.MaxPending = 2
+	cfg.QueueSize = 3
+	for _, id := range []string{"w0", "w1"} {
+		cfg.Workers = append(cfg.Workers, workerspec.Spec{ID: id, Model: testModel, HTTP: "http://127.0.0.1:9"})
+	}
+	r, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	body := completionBody(words("dry run", 20), 2)
+	dry := func(what string) (int, dryRunAnswer) {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		r.handleDebugRoute(rec, httptest.NewRequest(http.MethodPost, "/debug/route", strings.NewReader(body)))
+		var a dryRunAnswer
+		if rec.Code == http.StatusOK {
+			if err := json.Unmarshal(rec.Body.Bytes(), &a); err != nil {
+				t.Fatalf("%s: /debug/route answered %q: %v", what, rec.Body, err)
+			}
+		}
+		if n := len(r.ledger.Loads()); n != 1 {
+			t.Fatalf("%s: load on %d targets after the dry run, want only w0's", what, n)
+		}
+		return rec.Code, a
+	}
+	prepare := func() *prepared {
+		t.Helper()
+		p, err := r.prepare(http.Header{}, "/v1/completions", endpointCompletions, []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// waits runs the real request until it is queued, with the others waiting
+	// (queued) beside it, then cancels it: it must not have been decided.
+	waits := func(what string, queued int) {
+		t.Helper()
+		ctx, cancel := context.WithCancelCause(context.Background())
+		defer cancel(nil)
+		res := make(chan admitResult, 1)
+		p := prepare()
+		go func() {
+			d, err := r.admit(ctx, p, map[string]bool{})
+			res <- admitResult{"real", d, err}
+		}()
+		waitFor(t, 10*time.Second, what+": the real request to queue", func() bool { return r.adm.depth() == queued+1 })
+		gone := errors.New("client went away")
+		cancel(gone)
+		if got := nextResult(t, res, what+": the real request to give up"); !errors.Is(got.err, gone) {
+			t.Fatalf("%s: the real request got (%v, %v), want it waiting until cancelled", what, got.d, got.err)
+		}
+	}
+
+	w0 := Target{Worker: "w0"}
+	load := r.ledger.Reserve(w0, Demand{})
+	defer load.Release()
+	if code, a := dry("nobody waits"); code != http.StatusOK || a.Worker != "w1" || a.Wait != nil {
+		t.Fatalf("nobody waits, w0 has a request in flight: %d %+v, want w1, the least-loaded pick", code, a)
+	}
+
+	// An older request of another candidate set waits, and can use w1.
+	older, err := r.adm.enqueue("sql-adapter", servesOf("w1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.adm.leave("sql-adapter", older)
+	code, a := dry("w1 held")
+	if held := (Exclusion{Target{Worker: "w1"}, ExcludeQueued}); code != http.StatusOK || a.Worker != "w0" || a.Wait != nil || !slices.Contains(a.Excluded, held) {
+		t.Fatalf("an older waiter can use w1: %d %+v, want w0, with w1 excluded as queued", code, a)
+	}
+	if len(older.poke) != 0 {
+		t.Fatal("the dry run woke the older waiter")
+	}
+	d, err := r.admit(context.Background(), prepare(), map[string]bool{})
+	if err != nil || d.Target.Worker != a.Worker {
+		t.Fatalf("the real decision: (%v, %v), the dry run showed %s", d, err, a.Worker)
+	}
+	d.release()
+	if len(older.poke) != 1 {
+		t.Fatal("the real decision left w1 to the older waiter without waking it")
+	}
+	<-older.poke
+
+	// w0 full (--max-pending 2): the only free worker is the older waiter's.
+	full := r.ledger.Reserve(w0, Demand{})
+	defer full.Release()
+	code, a = dry("w0 full, w1 held")
+	if code != http.StatusOK || a.Worker != "" || a.Wait == nil || !slices.Equal(a.Wait.Held, []string{"w1"}) || a.Wait.Ahead != 0 {
+		t.Fatalf("w0 full and w1 held for an older waiter: %d %+v (wait %+v), want no worker, waiting, w1 held", code, a, a.Wait)
+	}
+	if len(older.poke) != 0 {
+		t.Fatal("the dry run woke the older waiter")
+	}
+	waits("w0 full, w1 held", 1)
+
+	// A request of its own set waits already: it would queue behind it.
+	same, err := r.adm.enqueue(testModel, servesOf("w0", "w1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.adm.leave(testModel, same)
+	code, a = dry("one of its set ahead")
+	if code != http.StatusOK || a.Worker != "" || a.Wait == nil || a.Wait.Ahead != 1 {
+		t.Fatalf("one request of its set waits: %d %+v (wait %+v), want no worker, waiting behind 1", code, a, a.Wait)
+	}
+	waits("one of its set ahead", 2)
+
+	// The queue full (--queue-size 3): both refuse.
+	last, err := r.adm.enqueue(testModel, servesOf("w0", "w1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.adm.leave(testModel, last)
+	if code, a := dry("queue full"); code != http.StatusTooManyRequests {
+		t.Fatalf("the queue full: %d %+v, want 429", code, a)
+	}
+	if _, err := r.admit(context.Background(), prepare(), map[string]bool{}); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("the real request with the queue full: %v, want ErrQueueFull", err)
+	}
 }
 
 // eppRequests plays Envoy for several requests at once, each on its own

@@ -54,6 +54,20 @@ type decisionJSON struct {
 	Candidates        []candidateJSON `json:"candidates"`
 	PrefillCandidates []candidateJSON `json:"prefill_candidates,omitempty"`
 	Excluded          []Exclusion     `json:"excluded,omitempty"`
+	// Wait: the dry run's request would not be decided on arrival but wait in
+	// the admission queue; no worker is chosen then. Never set in the debug log.
+	Wait *waitJSON `json:"wait,omitempty"`
+}
+
+// waitJSON is why the dry run's request would wait in the admission queue.
+type waitJSON struct {
+	Reason string `json:"reason"`
+	// Ahead: requests of its candidate set already waiting; it would queue
+	// behind them without deciding.
+	Ahead int `json:"queued_ahead,omitempty"`
+	// Held: the free workers it would leave to earlier waiters of other
+	// candidate sets (the others are busy or full).
+	Held []string `json:"held_for_earlier,omitempty"`
 }
 
 func candidatesJSON(cs []Candidate) []candidateJSON {
@@ -97,8 +111,11 @@ func (l decisionLog) LogValue() slog.Value {
 }
 
 // handleDebugRoute is the dry run: the decision a request would get, with every
-// candidate's cost terms, without sending it or holding any load. The body is a
-// /v1/chat/completions or /v1/completions body: "messages" selects chat.
+// candidate's cost terms, without sending it or holding any load. It is decided
+// as the admission queue decides a request on arrival (dryAdmit): workers left
+// to earlier waiters are excluded ("queued"), and a request that would wait
+// gets no worker but the reason (wait). The body is a /v1/chat/completions or
+// /v1/completions body: "messages" selects chat.
 func (r *Router) handleDebugRoute(w http.ResponseWriter, req *http.Request) {
 	body, err := r.readBody(w, req)
 	if err != nil {
@@ -120,11 +137,16 @@ func (r *Router) handleDebugRoute(w http.ResponseWriter, req *http.Request) {
 		writeError(w, err)
 		return
 	}
-	d, err := r.decide(req.Context(), p, nil, true)
+	d, wait, err := r.dryAdmit(req.Context(), p)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	if wait != nil {
+		d = &Decision{Policy: r.policy.Name()} // no worker, no candidates: the request would not be decided yet
+	}
+	j := d.json(p)
+	j.Wait = wait
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(d.json(p))
+	json.NewEncoder(w).Encode(j)
 }

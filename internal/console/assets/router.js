@@ -57,7 +57,10 @@
     };
     return el("div", { class: "decision" },
       el("h3", { text: title }),
-      el("p", { class: "decision-summary", text: `${d.policy} → ${d.worker}#${d.dp_rank}${d.prefill_worker ? " (prefill " + d.prefill_worker + ")" : ""}, source ${d.source}` +
+      el("p", { class: "decision-summary", text: d.wait
+        ? `${d.policy}: would wait in the admission queue: ${d.wait.reason}` +
+          `${d.wait.held_for_earlier ? " (left to earlier requests: " + d.wait.held_for_earlier.join(", ") + ")" : ""}`
+        : `${d.policy} → ${d.worker}#${d.dp_rank}${d.prefill_worker ? " (prefill " + d.prefill_worker + ")" : ""}, source ${d.source}` +
         `, ${d.overlap_blocks} of ${d.prompt_blocks} blocks captured (best available ${d.available_overlap_blocks}), cost ${fmtNum(d.cost, 2)}` +
         `${d.indexer_answered ? "" : ", indexer did not answer"}${d.reason ? ", " + d.reason : ""}` }),
       cands(d.candidates, "Candidates"), cands(d.prefill_candidates, "Prefill candidates"),
