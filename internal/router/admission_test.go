@@ -386,7 +386,7 @@ func startHanging(t *testing.T, rt *testRouter, wg *sync.WaitGroup, codes chan<-
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		code, _, _ := post(t, rt.url, "/v1/completions", completionBody("the first request", 2))
+		code, _, _ := postAside(t, rt.url, "/v1/completions", completionBody("the first request", 2))
 		codes <- code
 	}()
 	waitFor(t, 5*time.Second, "the first request to be in flight on w0", func() bool {
@@ -418,7 +418,7 @@ func TestAdmissionEndToEndASecondRequestWaitsForTheFullWorker(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				code, _, _ := post(t, rt.url, "/v1/completions", completionBody("the second request", 2))
+				code, _, _ := postAside(t, rt.url, "/v1/completions", completionBody("the second request", 2))
 				codes <- code
 			}()
 			waitFor(t, 5*time.Second, "the second request to queue", func() bool {
@@ -513,7 +513,7 @@ func TestAdmissionWaiterIsNotBlockedByAnotherModelsHead(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			code, _, _ := post(t, rt.url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":%s,"max_tokens":2}`, model, quote(name)))
+			code, _, _ := postAside(t, rt.url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":%s,"max_tokens":2}`, model, quote(name)))
 			mu.Lock()
 			codes[name] = code
 			order = append(order, name)
@@ -597,7 +597,7 @@ func TestAdmissionRequestWithAFreeWorkerDoesNotWaitBehindAnAdaptersQueue(t *test
 	codes := make(chan int, 2)
 	for i, what := range []string{"the first adapter request to hold w0", "the second to queue for w0"} {
 		go func() {
-			code, _, _ := post(t, rt.url, "/v1/completions", body)
+			code, _, _ := postAside(t, rt.url, "/v1/completions", body)
 			codes <- code
 		}()
 		waitFor(t, 10*time.Second, what, func() bool {
@@ -632,7 +632,7 @@ func TestAdmissionDirectRequestNeverQueues(t *testing.T) {
 	codes := make(chan int, 3)
 	postAsync := func(name string, header ...string) {
 		go func() {
-			code, _, _ := post(t, rt.url, "/v1/completions", completionBody(name, 1), header...)
+			code, _, _ := postAside(t, rt.url, "/v1/completions", completionBody(name, 1), header...)
 			codes <- code
 		}()
 	}

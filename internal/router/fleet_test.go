@@ -180,7 +180,7 @@ func TestOtherOpenAIPostsAreForwarded(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		post(t, rt.url, "/v1/completions", completionBody(words("busy", 40), 2))
+		postAside(t, rt.url, "/v1/completions", completionBody(words("busy", 40), 2))
 	}()
 	busy := ""
 	waitFor(t, 10*time.Second, "the completion to be in flight", func() bool {

@@ -254,23 +254,56 @@ func writeWorkersFile(t *testing.T, f *fleet, path string, ids ...string) {
 // (when 200) and the raw body.
 func post(t testing.TB, url, path, body string, header ...string) (int, completion, string) {
 	t.Helper()
-	resp, raw := send(t, url, path, body, header...)
+	code, c, raw, err := tryPost(url, path, body, header...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, c, raw
+}
+
+// postAside is post for a goroutine other than the test's, which must not call
+// FailNow (the test would hang on what it waits for instead of failing): a
+// failure is reported with t.Error, and the status is then 0.
+func postAside(t testing.TB, url, path, body string, header ...string) (int, completion, string) {
+	t.Helper()
+	code, c, raw, err := tryPost(url, path, body, header...)
+	if err != nil {
+		t.Error(err)
+	}
+	return code, c, raw
+}
+
+// tryPost is post with its failure returned (status 0).
+func tryPost(url, path, body string, header ...string) (int, completion, string, error) {
+	resp, raw, err := trySend(url, path, body, header...)
+	if err != nil {
+		return 0, completion{}, "", err
+	}
 	var c completion
 	if resp.StatusCode == http.StatusOK {
 		if err := json.Unmarshal(raw, &c); err != nil {
-			t.Fatalf("answer %q: %v", raw, err)
+			return 0, completion{}, string(raw), fmt.Errorf("answer %q: %w", raw, err)
 		}
 	}
-	return resp.StatusCode, c, string(raw)
+	return resp.StatusCode, c, string(raw), nil
 }
 
 // send posts a JSON body with header's name/value pairs and returns the
 // response (its body read and closed) and the body.
 func send(t testing.TB, url, path, body string, header ...string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
+	resp, raw, err := trySend(url, path, body, header...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return resp, raw
+}
+
+// trySend is send with its failure returned.
+func trySend(url, path, body string, header ...string) (*http.Response, []byte, error) {
+	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
+	if err != nil {
+		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(header); i += 2 {
@@ -278,14 +311,14 @@ func send(t testing.TB, url, path, body string, header ...string) (*http.Respons
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, fmt.Errorf("reading the answer of %s: %w", path, err)
 	}
-	return resp, raw
+	return resp, raw, nil
 }
 
 // sseEvents reads an SSE body into its data payloads.

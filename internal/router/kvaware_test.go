@@ -72,7 +72,7 @@ func TestKVAwareFollowsTheCachedPrefix(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		post(t, rt.url, "/v1/completions", completionBody(prefix+" third question", 4))
+		postAside(t, rt.url, "/v1/completions", completionBody(prefix+" third question", 4))
 	}()
 	waitFor(t, 5*time.Second, "the hanging request to be reserved on "+first, func() bool {
 		return rt.ledger.Load(Target{Worker: first}).InFlight == 1
@@ -154,7 +154,7 @@ func TestColdBurstCoLocatesThroughThePredictedOverlay(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					<-start
-					if code, _, raw := post(t, rt.url, "/v1/completions", completionBody(fmt.Sprintf("%s sibling %d", prefix, i), 2)); code != http.StatusOK {
+					if code, _, raw := postAside(t, rt.url, "/v1/completions", completionBody(fmt.Sprintf("%s sibling %d", prefix, i), 2)); code != http.StatusOK {
 						t.Errorf("sibling %d: %d %s", i, code, raw)
 					}
 				}()

@@ -67,7 +67,7 @@ func TestRoutersShareTheirLoad(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if code, _, raw := post(t, rs[i%3].url, "/v1/completions", completionBody(fmt.Sprintf("spray %d", i), 1)); code != http.StatusOK {
+			if code, _, raw := postAside(t, rs[i%3].url, "/v1/completions", completionBody(fmt.Sprintf("spray %d", i), 1)); code != http.StatusOK {
 				t.Errorf("request %d: %d %s", i, code, raw)
 			}
 		}()
@@ -142,7 +142,7 @@ func TestBurstAcrossRoutersCoLocates(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if code, _, raw := post(t, from.url, "/v1/completions", body); code != http.StatusOK {
+			if code, _, raw := postAside(t, from.url, "/v1/completions", body); code != http.StatusOK {
 				t.Errorf("sibling %d: %d %s", i, code, raw)
 			}
 		}()
@@ -478,7 +478,7 @@ func TestRequestQueuedOnAnotherRoutersLoadIsServedWhenThatLoadGoes(t *testing.T)
 			w0 := Target{Worker: "w0"}
 			held := make(chan int, 1)
 			go func() {
-				code, _, _ := post(t, rs[0].url, "/v1/completions", completionBody("held by router 0", 1))
+				code, _, _ := postAside(t, rs[0].url, "/v1/completions", completionBody("held by router 0", 1))
 				held <- code
 			}()
 			waitFor(t, 10*time.Second, "router 1 to see router 0's request", func() bool { return rs[1].loadOf(w0).InFlight == 1 })
@@ -490,7 +490,7 @@ func TestRequestQueuedOnAnotherRoutersLoadIsServedWhenThatLoadGoes(t *testing.T)
 			}
 			queued := make(chan int, 1)
 			go func() {
-				code, _, _ := post(t, rs[1].url, "/v1/completions", completionBody("queued at router 1", 1))
+				code, _, _ := postAside(t, rs[1].url, "/v1/completions", completionBody("queued at router 1", 1))
 				queued <- code
 			}()
 			waitFor(t, 5*time.Second, "router 1's request to queue", func() bool { return rs[1].adm.depth() == 1 })

@@ -198,7 +198,7 @@ func TestLeastLoadedBurstSpreadsEvenlyEndToEnd(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			if code, _, raw := post(t, rt.url, "/v1/completions", completionBody(prefix, 2)); code != http.StatusOK {
+			if code, _, raw := postAside(t, rt.url, "/v1/completions", completionBody(prefix, 2)); code != http.StatusOK {
 				t.Errorf("request %d: %d %s", i, code, raw)
 			}
 		}()
@@ -391,7 +391,7 @@ func TestDryRunShowsTheNextPickWithoutTakingIt(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		post(t, rt.url, "/v1/completions", completionBody("busy", 2))
+		postAside(t, rt.url, "/v1/completions", completionBody("busy", 2))
 	}()
 	waitFor(t, 10*time.Second, "a request in flight", func() bool { return len(rt.ledger.Loads()) == 1 })
 	busyBefore := testutil.ToFloat64(rt.metrics.excluded.WithLabelValues(ExcludeBusy))
