@@ -878,9 +878,13 @@ func (q *eppRequests) send(who string, md *corev3.Metadata) {
 	e := newEnvoy(q.t, q.client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
 	q.exchanges[who] = e
 	go func() {
-		a := e.request("/v1/completions", completionBody(words(who, 20), 2), md)
+		a, err := e.tryRequest("/v1/completions", completionBody(words(who, 20), 2), md)
 		dest := a.header[EPPDestinationHeader]
-		if a.immediate != nil {
+		switch {
+		case err != nil:
+			q.t.Errorf("%s: %v", who, err)
+			dest = "failed"
+		case a.immediate != nil:
 			dest = "immediate " + a.immediate.Status.Code.String()
 		}
 		q.answers <- eppDest{who, dest}

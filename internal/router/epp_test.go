@@ -73,11 +73,20 @@ func (e *envoy) send(req *extprocv3.ProcessingRequest) {
 
 func (e *envoy) recv() *extprocv3.ProcessingResponse {
 	e.t.Helper()
-	resp, err := e.stream.Recv()
+	resp, err := e.tryRecv()
 	if err != nil {
-		e.t.Fatalf("ext_proc answer: %v", err)
+		e.t.Fatal(err)
 	}
 	return resp
+}
+
+// tryRecv is recv with its failure returned.
+func (e *envoy) tryRecv() (*extprocv3.ProcessingResponse, error) {
+	resp, err := e.stream.Recv()
+	if err != nil {
+		return nil, fmt.Errorf("ext_proc answer: %w", err)
+	}
+	return resp, nil
 }
 
 func headerMap(kv ...string) *corev3.HeaderMap {
@@ -112,28 +121,49 @@ type eppAnswer struct {
 // the last with end_of_stream) and reads the EPP's answer.
 func (e *envoy) request(path, body string, md *corev3.Metadata) eppAnswer {
 	e.t.Helper()
-	e.send(&extprocv3.ProcessingRequest{
+	a, err := e.tryRequest(path, body, md)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return a
+}
+
+// tryRequest is request with its failure returned, for a goroutine other than
+// the test's, which must not call FailNow.
+func (e *envoy) tryRequest(path, body string, md *corev3.Metadata) (eppAnswer, error) {
+	var a eppAnswer
+	if err := e.stream.Send(&extprocv3.ProcessingRequest{
 		ProtocolConfig:  &extprocv3.ProtocolConfiguration{RequestBodyMode: e.mode, ResponseBodyMode: e.mode},
 		MetadataContext: md,
 		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
 			Headers: headerMap(":method", "POST", ":path", path, ":authority", "gateway", "content-type", "application/json"),
 		}},
-	})
-	var a eppAnswer
+	}); err != nil {
+		return a, err
+	}
 	if e.mode == filterv3.ProcessingMode_BUFFERED {
-		if r := e.recv(); r.GetRequestHeaders() == nil {
-			e.t.Fatalf("buffered mode: headers answered with %v, want a headers response", r)
+		r, err := e.tryRecv()
+		if err != nil {
+			return a, err
+		}
+		if r.GetRequestHeaders() == nil {
+			return a, fmt.Errorf("buffered mode: headers answered with %v, want a headers response", r)
 		}
 	}
 	half := len(body) / 2
 	for i, chunk := range []string{body[:half], body[half:]} {
-		e.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
-			Body: []byte(chunk), EndOfStream: i == 1}}})
+		if err := e.stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+			Body: []byte(chunk), EndOfStream: i == 1}}}); err != nil {
+			return a, err
+		}
 	}
-	first := e.recv()
+	first, err := e.tryRecv()
+	if err != nil {
+		return a, err
+	}
 	if im := first.GetImmediateResponse(); im != nil {
 		a.immediate = im
-		return a
+		return a, nil
 	}
 	var common *extprocv3.CommonResponse
 	switch e.mode {
@@ -141,22 +171,25 @@ func (e *envoy) request(path, body string, md *corev3.Metadata) eppAnswer {
 		common = first.GetRequestBody().GetResponse()
 	default:
 		common = first.GetRequestHeaders().GetResponse()
-		second := e.recv()
+		second, err := e.tryRecv()
+		if err != nil {
+			return a, err
+		}
 		sr := second.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
 		if sr == nil || !sr.EndOfStream {
-			e.t.Fatalf("streamed mode: the body was not passed on with end_of_stream: %v", second)
+			return a, fmt.Errorf("streamed mode: the body was not passed on with end_of_stream: %v", second)
 		}
 		a.body = sr.Body
 	}
 	if common == nil {
-		e.t.Fatalf("no destination in %v", first)
+		return a, fmt.Errorf("no destination in %v", first)
 	}
 	a.header = map[string]string{}
 	for _, h := range common.GetHeaderMutation().GetSetHeaders() {
 		a.header[h.Header.Key] = string(h.Header.RawValue)
 	}
 	a.metadata = first.GetDynamicMetadata().GetFields()[EPPLBNamespace].GetStructValue().GetFields()[EPPDestinationHeader].GetStringValue()
-	return a
+	return a, nil
 }
 
 // respond plays the upstream answer through the stream: response headers with
@@ -597,7 +630,11 @@ func TestEPPSubsetHintsQueueApart(t *testing.T) {
 	queued := newEnvoy(t, client, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
 	answered := make(chan string, 1)
 	go func() {
-		answered <- destination(queued.request("/v1/completions", completionBody("waits for w0", 2), subsetMetadata(w0)))
+		a, err := queued.tryRequest("/v1/completions", completionBody("waits for w0", 2), subsetMetadata(w0))
+		if err != nil {
+			t.Error(err)
+		}
+		answered <- destination(a)
 	}()
 	waitFor(t, 10*time.Second, "the second request hinted to w0 to queue", func() bool { return rt.adm.depth() == 1 })
 
