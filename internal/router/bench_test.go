@@ -53,18 +53,27 @@ func BenchmarkRouterOverhead(b *testing.B) {
 			body := func(i int) []byte {
 				return []byte(fmt.Sprintf(`{"model":%q,"prompt":"%s unique tail %08d ...........................................","max_tokens":1}`, testModel, prefix, i))
 			}
-			send := func(url string, i int) time.Duration {
+			// trySend is send with its failure returned, for the throughput
+			// clients' goroutines, which must not call FailNow.
+			trySend := func(url string, i int) (time.Duration, error) {
 				start := time.Now()
 				resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(body(i)))
 				if err != nil {
-					b.Fatal(err)
+					return 0, err
 				}
 				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				if resp.StatusCode != http.StatusOK {
-					b.Fatalf("status %d", resp.StatusCode)
+					return 0, fmt.Errorf("status %d", resp.StatusCode)
 				}
-				return time.Since(start)
+				return time.Since(start), nil
+			}
+			send := func(url string, i int) time.Duration {
+				d, err := trySend(url, i)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return d
 			}
 			for i := range 50 { // warm connections, caches and the index
 				send(engineURL, -i-1)
@@ -100,7 +109,10 @@ func BenchmarkRouterOverhead(b *testing.B) {
 					go func() {
 						defer wg.Done()
 						for i := range each {
-							send(mode.url, 1_000_000+c*each+i)
+							if _, err := trySend(mode.url, 1_000_000+c*each+i); err != nil {
+								b.Error(err)
+								return
+							}
 						}
 					}()
 				}
