@@ -1,5 +1,8 @@
-// Package ledgerq is the shared ledger's queue of decisions on their way to
-// other routers (LoadService.Report, docs/router.md): a router's outbox while
+// Package ledgerq is how the shared ledger's messages (LoadService.Report,
+// docs/router.md) are sized, the same way on both sides: the router and the
+// leader.
+//
+// Queue holds decisions on their way to other routers: a router's outbox while
 // its stream to the leader is down, and the leader's queue for each router
 // between two pushes. Both sides bound it the same way (kvindexv1.LedgerMax*:
 // the newest LedgerMaxQueued predictions and as many session bindings, at most
@@ -9,7 +12,12 @@
 // one is not sent at all. Both take it a message's worth at a time
 // (LedgerMaxMessageBytes), as a full queue is more than one message carries.
 //
-// A Queue is not safe for concurrent use: its owner's mutex guards it.
+// SplitReport and SplitPush cut a report or push whose loads are more than
+// LedgerMaxMessageBytes into several messages (parts.go), and Parts gathers
+// them again on the receiving side, which applies them together.
+//
+// A Queue or Parts is not safe for concurrent use: its owner's mutex or
+// goroutine guards it.
 package ledgerq
 
 import (

@@ -216,10 +216,17 @@ func (f *fleetLedger) session(ctx context.Context, addr string) error {
 		return err
 	}
 	m := f.r.metrics
+	// send sends a report, as several messages when its loads are more than
+	// one carries (a fleet of many targets with long names).
 	send := func(rep *kvindexv1.ReportRequest) error {
-		m.ledgerMessages.WithLabelValues("sent").Inc()
-		m.ledgerBytes.WithLabelValues("sent").Add(float64(proto.Size(rep)))
-		return stream.Send(rep)
+		for _, part := range ledgerq.SplitReport(rep) {
+			m.ledgerMessages.WithLabelValues("sent").Inc()
+			m.ledgerBytes.WithLabelValues("sent").Add(float64(proto.Size(part)))
+			if err := stream.Send(part); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	sent := f.r.ledger.Loads()
 	if err := send(&kvindexv1.ReportRequest{RouterId: f.id, Full: true, Loads: targetLoads(sent, nil)}); err != nil {
@@ -302,10 +309,13 @@ func targetLoads(now, before map[Target]Load) []*kvindexv1.TargetLoad {
 }
 
 // receive applies the leader's views until the stream ends, calling pushed on
-// each.
+// each message. A view that came as several messages is applied once its last
+// has: a part of the first, full, view is not the fleet's load, and the router
+// is not connected before it has that.
 func (f *fleetLedger) receive(stream kvindexv1.LoadService_ReportClient, pushed func()) error {
 	m := f.r.metrics
 	view := map[Target]Load{}
+	var parts ledgerq.Parts
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
@@ -314,13 +324,31 @@ func (f *fleetLedger) receive(stream kvindexv1.LoadService_ReportClient, pushed 
 		pushed()
 		m.ledgerMessages.WithLabelValues("received").Inc()
 		m.ledgerBytes.WithLabelValues("received").Add(float64(proto.Size(resp)))
-		next := make(map[Target]Load, len(view)+len(resp.Loads))
-		if !resp.Full {
+		now := f.r.now()
+		for _, p := range resp.Predicted {
+			// The deciding router's TTL, not this one's: routers may be configured
+			// differently (0 holds no longer).
+			ttl := time.Duration(p.TtlMs) * time.Millisecond
+			f.r.recent.RecordFor(p.Keys, Target{Worker: p.Worker, Rank: p.DpRank}, now, ttl)
+			f.others.Record(p.RouterId, p.Keys, Target{Worker: p.Worker, Rank: p.DpRank}, now, ttl)
+		}
+		for _, s := range resp.Sessions {
+			f.r.sessions.setFor(s.Key, s.Worker, now, time.Duration(s.TtlMs)*time.Millisecond)
+		}
+		loads, full, done, err := parts.Add(resp.Full, resp.More, resp.Loads)
+		if err != nil {
+			return err
+		}
+		if !done {
+			continue
+		}
+		next := make(map[Target]Load, len(view)+len(loads))
+		if !full {
 			for t, l := range view {
 				next[t] = l
 			}
 		}
-		for _, tl := range resp.Loads {
+		for _, tl := range loads {
 			t := Target{Worker: tl.Worker, Rank: tl.DpRank}
 			l := Load{InFlight: int(tl.InFlight), PrefillTokens: int(tl.PrefillTokens), DecodeBlocks: int(tl.DecodeBlocks)}
 			if l == (Load{}) {
@@ -337,18 +365,7 @@ func (f *fleetLedger) receive(stream kvindexv1.LoadService_ReportClient, pushed 
 			// do when this router's own load goes down.
 			f.r.ledger.wake()
 		}
-		now := f.r.now()
 		f.lastPush.Store(now.UnixNano())
-		for _, p := range resp.Predicted {
-			// The deciding router's TTL, not this one's: routers may be configured
-			// differently (0 holds no longer).
-			ttl := time.Duration(p.TtlMs) * time.Millisecond
-			f.r.recent.RecordFor(p.Keys, Target{Worker: p.Worker, Rank: p.DpRank}, now, ttl)
-			f.others.Record(p.RouterId, p.Keys, Target{Worker: p.Worker, Rank: p.DpRank}, now, ttl)
-		}
-		for _, s := range resp.Sessions {
-			f.r.sessions.setFor(s.Key, s.Worker, now, time.Duration(s.TtlMs)*time.Millisecond)
-		}
 		m.ledgerRouters.Set(float64(resp.Routers))
 		if !f.connected.Swap(true) {
 			m.ledgerConnected.Set(1)

@@ -123,6 +123,50 @@ func TestRoutersShareTheirLoad(t *testing.T) {
 	}
 }
 
+// A router with load on more targets than one message carries (20,000 with
+// long names: its whole state, and the leader's whole view of it, are over
+// the 4 MiB gRPC receives) shares it as it shares a few: taken while the
+// indexer was down, the router re-sends it whole when the indexer is back,
+// the leader pushes it whole to the other router, whose view then equals the
+// reservations, and loses the targets released.
+func TestRoutersShareALoadListOverAMessage(t *testing.T) {
+	f := startFleet(t, 1, nil)
+	ix := startIndexer(t, f)
+	rs := startRouters(t, 2, f, ix, nil)
+	ix.stop()
+	waitFor(t, 20*time.Second, "the routers to lose the ledger", func() bool {
+		return !rs[0].shared.connected.Load() && !rs[1].shared.connected.Load()
+	})
+	targets := make([]Target, 20_000)
+	held := make([]*Reservation, len(targets))
+	for i := range targets {
+		targets[i] = Target{Worker: fmt.Sprintf("%0250d", i), Rank: uint32(i % 4)}
+		held[i] = rs[0].ledger.Reserve(targets[i], Demand{Keys: []uint64{uint64(i)}, BlockSize: 4, PromptTokens: 6, Prefill: true})
+	}
+	seesRouter0 := func() bool {
+		if !rs[1].shared.connected.Load() {
+			return false
+		}
+		for _, tg := range targets {
+			if rs[1].shared.remoteLoad(tg) != rs[0].ledger.Load(tg) {
+				return false
+			}
+		}
+		return true
+	}
+	ix.start(t)
+	waitFor(t, 30*time.Second, "router 1 to see router 0's load on every target", seesRouter0)
+	if rs[1].shared.remoteLoad(targets[len(targets)-1]).InFlight != 1 {
+		t.Fatal("router 1's view is empty")
+	}
+	for _, r := range held[:len(held)/2] {
+		r.Release()
+	}
+	waitFor(t, 20*time.Second, "router 1 to see router 0's load on the targets it still holds, and none elsewhere", func() bool {
+		return rs[0].ledger.Load(targets[0]) == (Load{}) && seesRouter0()
+	})
+}
+
 // A burst of siblings entering through three routers lands on one worker: the
 // routers share their decisions, so the second router already sees the first
 // one's prediction for the prefix. Each sibling is sent once the previous one's

@@ -22,7 +22,10 @@ import (
 // sums); the ledger keeps the per-target total over every live router and pushes
 // each router the total minus its own, at most once per push interval and at
 // least once a second. Decisions (predicted prefixes) and session bindings a
-// router reports are queued for every other router, bounded per router.
+// router reports are queued for every other router, bounded per router. A
+// report or push whose loads are more than a message carries goes as several
+// messages (ledgerq.SplitReport, SplitPush), whose loads the receiver applies
+// together (ledgerq.Parts).
 //
 // Guarantees, written down for routers (docs/router.md): a router sees the other
 // routers' load as of at most one report interval + one push interval ago
@@ -74,6 +77,9 @@ type ledgerRouter struct {
 	// push, bounded, their TTLs cut by the wait (a router reconnecting within
 	// its lease gets what is left of them).
 	queue ledgerq.Queue
+	// parts holds the loads of the live stream's report whose last message
+	// has not come: until it does, the router's loads stay as they were.
+	parts ledgerq.Parts
 }
 
 // Bounds of what one router can make the leader hold.
@@ -237,11 +243,12 @@ func (l *loadLedger) open(first *kvindexv1.ReportRequest, session uint64) error 
 		l.metrics.routers.Set(float64(len(l.routers)))
 	}
 	r.session = session // a reconnect replaces the old stream
-	l.applyLocked(first.RouterId, r, first)
-	return nil
+	r.parts.Reset()     // and a report the old one left unfinished
+	return l.receiveLocked(first.RouterId, r, first)
 }
 
-// report applies a router's report; it fails when the session was replaced.
+// report takes a message of a router's report; it fails when the session was
+// replaced.
 func (l *loadLedger) report(id string, session uint64, rep *kvindexv1.ReportRequest) error {
 	if err := validateReport(rep); err != nil {
 		return err
@@ -252,22 +259,54 @@ func (l *loadLedger) report(id string, session uint64, rep *kvindexv1.ReportRequ
 	if r == nil || r.session != session {
 		return errReplaced(id)
 	}
-	if n := heldAfter(r, rep); n > maxLedgerTargetsPerReport {
-		return invalidArg("router %q would hold load on %d targets, more than %d (the most a full report lists)",
-			id, n, maxLedgerTargetsPerReport)
+	return l.receiveLocked(id, r, rep)
+}
+
+// receiveLocked takes one validated message of a report: its loads once the
+// report's last message has come (all of its messages' together, checked
+// first: a refused report applies none), its decisions and bindings at once.
+func (l *loadLedger) receiveLocked(id string, r *ledgerRouter, rep *kvindexv1.ReportRequest) error {
+	if n := r.parts.Len() + len(rep.Loads); n > maxLedgerTargetsPerReport {
+		return invalidArg("a load report lists %d targets over its messages, more than %d", n, maxLedgerTargetsPerReport)
 	}
-	l.applyLocked(id, r, rep)
+	loads, full, done, err := r.parts.Add(rep.Full, rep.More, rep.Loads)
+	if err != nil {
+		return invalidArg("router %q: %v", id, err)
+	}
+	if done && !full {
+		if n := heldAfter(r, loads); n > maxLedgerTargetsPerReport {
+			return invalidArg("router %q would hold load on %d targets, more than %d (the most a full report lists)",
+				id, n, maxLedgerTargetsPerReport)
+		}
+	}
+	l.metrics.reports.Inc()
+	if !done && len(rep.Predicted)+len(rep.Sessions) == 0 {
+		return nil // nothing for the others yet
+	}
+	if done {
+		l.applyLoadsLocked(r, loads, full)
+	}
+	if len(rep.Predicted)+len(rep.Sessions) > 0 {
+		now := l.now()
+		for other, o := range l.routers {
+			if other != id {
+				o.queue.AddPredicted(now, rep.Predicted...)
+				o.queue.AddSessions(now, rep.Sessions...)
+			}
+		}
+	}
+	l.wakeLocked()
 	return nil
 }
 
-// heldAfter is how many targets r holds load on once the partial report rep is
-// applied (a full one holds what it lists, bounded by validateReport).
-func heldAfter(r *ledgerRouter, rep *kvindexv1.ReportRequest) int {
-	if rep.Full || len(rep.Loads) == 0 {
+// heldAfter is how many targets r holds load on once the partial report loads
+// is applied (a full one holds what it lists, bounded by receiveLocked).
+func heldAfter(r *ledgerRouter, loads []*kvindexv1.TargetLoad) int {
+	if len(loads) == 0 {
 		return len(r.loads)
 	}
-	holds := make(map[ledgerTarget]bool, len(rep.Loads)) // the last value listed wins
-	for _, tl := range rep.Loads {
+	holds := make(map[ledgerTarget]bool, len(loads)) // the last value listed wins
+	for _, tl := range loads {
 		holds[ledgerTarget{tl.Worker, tl.DpRank}] = tl.InFlight != 0 || tl.PrefillTokens != 0 || tl.DecodeBlocks != 0
 	}
 	n := len(r.loads)
@@ -312,12 +351,12 @@ func validateReport(rep *kvindexv1.ReportRequest) error {
 	return nil
 }
 
-// applyLocked applies a validated report.
-func (l *loadLedger) applyLocked(id string, r *ledgerRouter, rep *kvindexv1.ReportRequest) {
-	l.metrics.reports.Inc()
-	if rep.Full {
-		listed := make(map[ledgerTarget]bool, len(rep.Loads))
-		for _, tl := range rep.Loads {
+// applyLoadsLocked applies a whole report's loads: with full, targets it does
+// not list hold nothing.
+func (l *loadLedger) applyLoadsLocked(r *ledgerRouter, loads []*kvindexv1.TargetLoad, full bool) {
+	if full {
+		listed := make(map[ledgerTarget]bool, len(loads))
+		for _, tl := range loads {
 			listed[ledgerTarget{tl.Worker, tl.DpRank}] = true
 		}
 		for t := range r.loads {
@@ -326,20 +365,10 @@ func (l *loadLedger) applyLocked(id string, r *ledgerRouter, rep *kvindexv1.Repo
 			}
 		}
 	}
-	for _, tl := range rep.Loads {
+	for _, tl := range loads {
 		l.setLoadLocked(r, ledgerTarget{tl.Worker, tl.DpRank},
 			ledgerLoad{int64(tl.InFlight), int64(tl.PrefillTokens), int64(tl.DecodeBlocks)})
 	}
-	if len(rep.Predicted)+len(rep.Sessions) > 0 {
-		now := l.now()
-		for other, o := range l.routers {
-			if other != id {
-				o.queue.AddPredicted(now, rep.Predicted...)
-				o.queue.AddSessions(now, rep.Sessions...)
-			}
-		}
-	}
-	l.wakeLocked()
 }
 
 // close ends a session; its load stays counted for the lease.
@@ -349,6 +378,7 @@ func (l *loadLedger) close(id string, session uint64) {
 	if r := l.routers[id]; r != nil && r.session == session {
 		r.session = 0
 		r.leaseUntil = l.now().Add(l.lease)
+		r.parts.Reset() // a report the stream left unfinished: the loads stay as they were
 		// The queue stays, as it fills on while the lease runs: a reconnect gets
 		// what is left of each message (ledgerq).
 	}
@@ -470,10 +500,14 @@ func (s loadService) Report(stream kvindexv1.LoadService_ReportServer) error {
 		if err != nil {
 			return err
 		}
-		version++
-		resp.Version = version
-		if err := stream.Send(resp); err != nil {
-			return err
+		// A view of many targets goes as several messages, which the router
+		// applies together.
+		for _, part := range ledgerq.SplitPush(resp) {
+			version++
+			part.Version = version
+			if err := stream.Send(part); err != nil {
+				return err
+			}
 		}
 		l.metrics.pushes.Inc()
 		last = next

@@ -867,3 +867,129 @@ func TestLedgerSweepClearsANodeThatDoesNotLead(t *testing.T) {
 			len(l.routers), len(l.total), testutil.ToFloat64(m.routers), testutil.ToFloat64(m.expired))
 	}
 }
+
+// longNamedLoads are n loads on targets with 250-byte worker names, from
+// index first: 20,000 of them are over gRPC's 4 MiB on the wire.
+func longNamedLoads(first, n int, inFlight uint32) []*kvindexv1.TargetLoad {
+	loads := make([]*kvindexv1.TargetLoad, n)
+	for i := range loads {
+		loads[i] = &kvindexv1.TargetLoad{Worker: fmt.Sprintf("%0250d", first+i), InFlight: inFlight, DecodeBlocks: 7}
+	}
+	return loads
+}
+
+// A report whose loads are more than a message carries comes as several
+// messages (ledgerq.SplitReport), and the leader applies it as it applies the
+// same report in one message, once its last message has come: until then the
+// router's load is what it was, so a part of a full report is not taken for
+// the whole (which would clear, for a push or more, every target the other
+// parts list), and a full one still clears the targets it does not list. A
+// stream that ends in the middle of a report leaves the load as it was; a
+// report whose messages list more targets than one report may, or a full one
+// beginning before the last message of the one before, is refused and
+// changes nothing.
+func TestLedgerAppliesASplitReportWhole(t *testing.T) {
+	m, _ := newLedgerMetrics(nil)
+	split := newLoadLedger(time.Minute, time.Millisecond, 4, m, clusterLogger())
+	whole := newLoadLedger(time.Minute, time.Millisecond, 4, m, clusterLogger()) // every report in one message
+	held := func(l *loadLedger) map[ledgerTarget]ledgerLoad {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if !maps.Equal(l.total, l.routers["a"].loads) {
+			t.Fatalf("the total %d targets differs from the only router's %d", len(l.total), len(l.routers["a"].loads))
+		}
+		return maps.Clone(l.total)
+	}
+	start := &kvindexv1.ReportRequest{RouterId: "a", Full: true,
+		Loads: append(longNamedLoads(0, 10, 1), &kvindexv1.TargetLoad{Worker: "gone", InFlight: 5})}
+	for _, l := range []*loadLedger{split, whole} {
+		if err := l.open(start, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []struct {
+		name    string
+		rep     *kvindexv1.ReportRequest
+		session uint64 // a new one: the report opens a reconnected stream
+	}{
+		{"a full report on a reconnect, without a target the router held", &kvindexv1.ReportRequest{RouterId: "a", Full: true,
+			Loads: longNamedLoads(5, 20_000, 2)}, 2},
+		{"changes: some cleared, some raised, some new", &kvindexv1.ReportRequest{RouterId: "a",
+			Loads: slices.Concat(longNamedLoads(0, 8_000, 0), longNamedLoads(8_000, 8_000, 3), longNamedLoads(30_000, 8_000, 4))}, 0},
+		{"a full report on the same stream", &kvindexv1.ReportRequest{RouterId: "a", Full: true,
+			Loads: longNamedLoads(40_000, 20_000, 1)}, 0},
+	}
+	session := uint64(1)
+	for _, st := range steps {
+		msgs := ledgerq.SplitReport(st.rep)
+		if len(msgs) < 5 {
+			t.Fatalf("%s: went as %d messages; the test wants it over 4 MiB", st.name, len(msgs))
+		}
+		before := held(split)
+		for i, msg := range msgs {
+			var err error
+			if i == 0 && st.session != 0 {
+				session = st.session
+				err = split.open(msg, session)
+			} else {
+				err = split.report("a", session, msg)
+			}
+			if err != nil {
+				t.Fatalf("%s: message %d of %d: %v", st.name, i, len(msgs), err)
+			}
+			if i < len(msgs)-1 && !maps.Equal(held(split), before) {
+				t.Fatalf("%s: the load changed after message %d of %d", st.name, i, len(msgs))
+			}
+		}
+		var err error
+		if st.session != 0 {
+			err = whole.open(st.rep, st.session)
+		} else {
+			err = whole.report("a", session, st.rep)
+		}
+		if err != nil {
+			t.Fatalf("%s in one message: %v", st.name, err)
+		}
+		if got, want := held(split), held(whole); !maps.Equal(got, want) {
+			t.Fatalf("%s: split, the leader holds load on %d targets; in one message, on %d (or other values)", st.name, len(got), len(want))
+		}
+	}
+	if _, ok := held(split)[ledgerTarget{"gone", 0}]; ok {
+		t.Fatal("a target the full report did not list still holds load")
+	}
+
+	// What is refused, and a stream that ends in the middle of a report,
+	// change nothing.
+	before := held(split)
+	msgs := ledgerq.SplitReport(&kvindexv1.ReportRequest{RouterId: "a", Full: true, Loads: longNamedLoads(0, 20_000, 9)})
+	if err := split.open(msgs[0], 3); err != nil {
+		t.Fatal(err)
+	}
+	split.close("a", 3)
+	if !maps.Equal(held(split), before) {
+		t.Fatal("the first message of a full report, its stream ended, changed the load")
+	}
+	half := &kvindexv1.ReportRequest{RouterId: "a", Full: true, More: true, Loads: longNamedLoads(0, maxLedgerTargetsPerReport/2+1, 9)}
+	for _, c := range []struct {
+		name string
+		msgs []*kvindexv1.ReportRequest
+	}{
+		{"more targets over its messages than one report may list", []*kvindexv1.ReportRequest{half,
+			{RouterId: "a", Loads: longNamedLoads(maxLedgerTargetsPerReport, maxLedgerTargetsPerReport/2+1, 9)}}},
+		{"a full report before the last message of the one before", []*kvindexv1.ReportRequest{half,
+			{RouterId: "a", Full: true, Loads: longNamedLoads(0, 1, 9)}}},
+	} {
+		session++
+		if err := split.open(c.msgs[0], session); err != nil {
+			t.Fatal(err)
+		}
+		err := split.report("a", session, c.msgs[1])
+		if !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%s: %v, want INVALID_ARGUMENT", c.name, err)
+		}
+		split.close("a", session)
+		if !maps.Equal(held(split), before) {
+			t.Fatalf("%s: the refused report changed the load", c.name)
+		}
+	}
+}

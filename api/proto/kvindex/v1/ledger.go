@@ -13,14 +13,21 @@ import "time"
 // A queue that full is ~10 MiB on the wire, so neither side sends it in one
 // message: a report or a push carries at most LedgerMaxMessageBytes of
 // predictions and as much of session bindings, the oldest first, and the rest
-// follow in the next ones. With its loads a message then stays well under the
-// 4 MiB that gRPC receives by default, as routers do, and under the indexer's
-// default --max-body-bytes.
+// follow in the next ones. Loads likewise: a router's 65,536 targets with long
+// names are tens of MiB, so a report or push whose loads are more than
+// LedgerMaxMessageBytes goes as several messages (load.proto, more), which the
+// receiver applies together.
+//
+// A message is then at most LedgerMinRecvBytes: the three sections and their
+// framing (at most LedgerMaxQueued decisions and as many bindings, a few bytes
+// each) and a router id. Both sides must receive that much: routers do, with
+// gRPC's default 4 MiB, and so does the indexer's default --max-body-bytes.
 const (
 	LedgerMaxPredictionKeys = 1 << 16
 	LedgerMaxQueued         = 4096
 	LedgerMaxQueuedKeys     = 1 << 20
 	LedgerMaxMessageBytes   = 1 << 20
+	LedgerMinRecvBytes      = 3*LedgerMaxMessageBytes + 64<<10
 )
 
 // LedgerHeartbeat is the longest the leader goes without a push on a Report

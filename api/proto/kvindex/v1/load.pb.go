@@ -27,15 +27,25 @@ type ReportRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Stable id of the router process for the lifetime of its stream(s).
 	RouterId string `protobuf:"bytes,1,opt,name=router_id,json=routerId,proto3" json:"router_id,omitempty"`
-	// The report is the router's whole state: targets it does not list hold nothing.
-	// Otherwise it lists only the targets whose load changed since the last report.
+	// The report is the router's whole state: targets it does not list (in any
+	// of its messages, see more) hold nothing. Otherwise it lists only the
+	// targets whose load changed since the last report.
 	Full bool `protobuf:"varint,2,opt,name=full,proto3" json:"full,omitempty"`
 	// The router's own load per worker rank.
 	Loads []*TargetLoad `protobuf:"bytes,3,rep,name=loads,proto3" json:"loads,omitempty"`
 	// Decisions taken since the last report, for the others' predicted overlays.
 	Predicted []*PredictedPrefix `protobuf:"bytes,4,rep,name=predicted,proto3" json:"predicted,omitempty"`
 	// Session bindings made since the last report.
-	Sessions      []*SessionBinding `protobuf:"bytes,5,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	Sessions []*SessionBinding `protobuf:"bytes,5,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	// The report's loads go on in the next message. A report listing more than
+	// kvindexv1.LedgerMaxMessageBytes of loads is sent as several messages, each
+	// but the last with more set, only the first with full (when the report is
+	// full); the leader applies their loads together, as one report, once the
+	// last has arrived, so a part of a full report is never taken for the whole.
+	// Decisions and bindings count as each message arrives. Only the first has
+	// full so that a leader that does not know more yet applies the first as
+	// the whole state and the others as changes, which ends in the same state.
+	More          bool `protobuf:"varint,6,opt,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -103,6 +113,13 @@ func (x *ReportRequest) GetSessions() []*SessionBinding {
 		return x.Sessions
 	}
 	return nil
+}
+
+func (x *ReportRequest) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
 }
 
 // TargetLoad is the load on one worker rank.
@@ -341,9 +358,9 @@ func (x *SessionBinding) GetTtlMs() uint32 {
 // something changed, at most once per push interval, and at least once a second.
 type ReportResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Sum over the other routers per target. With full, targets not listed hold
-	// nothing from them; otherwise only targets whose sum changed are listed (a
-	// zero load clears one).
+	// Sum over the other routers per target. With full, targets not listed (in
+	// any of the push's messages, see more) hold nothing from them; otherwise
+	// only targets whose sum changed are listed (a zero load clears one).
 	Loads []*TargetLoad `protobuf:"bytes,1,rep,name=loads,proto3" json:"loads,omitempty"`
 	// The other routers' decisions since the last push (after a reconnect within
 	// the lease, since the last push on the old stream), each with what is left
@@ -356,7 +373,11 @@ type ReportResponse struct {
 	// Grows with every push on this stream.
 	Version uint64 `protobuf:"varint,5,opt,name=version,proto3" json:"version,omitempty"`
 	// loads is the whole view (the first push on a stream), not a change.
-	Full          bool `protobuf:"varint,6,opt,name=full,proto3" json:"full,omitempty"`
+	Full bool `protobuf:"varint,6,opt,name=full,proto3" json:"full,omitempty"`
+	// The push's loads go on in the next message, as ReportRequest.more: the
+	// router applies the loads of a push sent in several messages together once
+	// the last has arrived.
+	More          bool `protobuf:"varint,7,opt,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -433,18 +454,26 @@ func (x *ReportResponse) GetFull() bool {
 	return false
 }
 
+func (x *ReportResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
 var File_kvindex_v1_load_proto protoreflect.FileDescriptor
 
 const file_kvindex_v1_load_proto_rawDesc = "" +
 	"\n" +
 	"\x15kvindex/v1/load.proto\x12\n" +
-	"kvindex.v1\"\xe1\x01\n" +
+	"kvindex.v1\"\xf5\x01\n" +
 	"\rReportRequest\x12\x1b\n" +
 	"\trouter_id\x18\x01 \x01(\tR\brouterId\x12\x12\n" +
 	"\x04full\x18\x02 \x01(\bR\x04full\x12,\n" +
 	"\x05loads\x18\x03 \x03(\v2\x16.kvindex.v1.TargetLoadR\x05loads\x129\n" +
 	"\tpredicted\x18\x04 \x03(\v2\x1b.kvindex.v1.PredictedPrefixR\tpredicted\x126\n" +
-	"\bsessions\x18\x05 \x03(\v2\x1a.kvindex.v1.SessionBindingR\bsessions\"\xa6\x01\n" +
+	"\bsessions\x18\x05 \x03(\v2\x1a.kvindex.v1.SessionBindingR\bsessions\x12\x12\n" +
+	"\x04more\x18\x06 \x01(\bR\x04more\"\xa6\x01\n" +
 	"\n" +
 	"TargetLoad\x12\x16\n" +
 	"\x06worker\x18\x01 \x01(\tR\x06worker\x12\x17\n" +
@@ -461,14 +490,15 @@ const file_kvindex_v1_load_proto_rawDesc = "" +
 	"\x0eSessionBinding\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
 	"\x06worker\x18\x02 \x01(\tR\x06worker\x12\x15\n" +
-	"\x06ttl_ms\x18\x03 \x01(\rR\x05ttlMs\"\xf9\x01\n" +
+	"\x06ttl_ms\x18\x03 \x01(\rR\x05ttlMs\"\x8d\x02\n" +
 	"\x0eReportResponse\x12,\n" +
 	"\x05loads\x18\x01 \x03(\v2\x16.kvindex.v1.TargetLoadR\x05loads\x129\n" +
 	"\tpredicted\x18\x02 \x03(\v2\x1b.kvindex.v1.PredictedPrefixR\tpredicted\x126\n" +
 	"\bsessions\x18\x03 \x03(\v2\x1a.kvindex.v1.SessionBindingR\bsessions\x12\x18\n" +
 	"\arouters\x18\x04 \x01(\rR\arouters\x12\x18\n" +
 	"\aversion\x18\x05 \x01(\x04R\aversion\x12\x12\n" +
-	"\x04full\x18\x06 \x01(\bR\x04full2R\n" +
+	"\x04full\x18\x06 \x01(\bR\x04full\x12\x12\n" +
+	"\x04more\x18\a \x01(\bR\x04more2R\n" +
 	"\vLoadService\x12C\n" +
 	"\x06Report\x12\x19.kvindex.v1.ReportRequest\x1a\x1a.kvindex.v1.ReportResponse(\x010\x01B;Z9github.com/kvindex/kvindex/api/proto/kvindex/v1;kvindexv1b\x06proto3"
 
