@@ -8,12 +8,14 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
 	"k8s.io/client-go/kubernetes"
 
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/envflag"
 	"github.com/kvindex/kvindex/internal/ingest"
 	"github.com/kvindex/kvindex/internal/kube"
@@ -65,7 +67,10 @@ type Config struct {
 	// Raft configures replication: the raft address (RaftAddr, RaftAdvertise),
 	// batching, snapshots and timing. New fills in NodeID, DataDir, the gRPC
 	// address, Bootstrap, the logger, the metrics registerer and the callbacks.
-	Raft         raftstore.Config
+	Raft raftstore.Config
+	// MaxBodyBytes bounds HTTP request bodies and gRPC messages, at least
+	// kvindexv1.LedgerMinRecvBytes: the routers' shared ledger sends messages
+	// that large.
 	MaxBodyBytes int64
 	// MaxPromptTokens bounds the tokens of a prompt and the hashes of a query.
 	MaxPromptTokens int
@@ -188,8 +193,12 @@ func (c *Config) Validate() error {
 		return invalid("--node-id must not be empty")
 	case c.DataDir == "":
 		return invalid("--data-dir must not be empty")
-	case c.MaxBodyBytes < 1024:
-		return invalid("--max-body-bytes=%d must be at least 1024", c.MaxBodyBytes)
+	case c.MaxBodyBytes < kvindexv1.LedgerMinRecvBytes:
+		// It is the gRPC receive limit too, and the routers' shared ledger,
+		// always served, sends messages up to this size: below it the leader
+		// would refuse their reports and every router would route alone.
+		return invalid("--max-body-bytes=%d is below %d, the largest message of the routers' shared ledger (LoadService.Report), whose reports it would refuse",
+			c.MaxBodyBytes, kvindexv1.LedgerMinRecvBytes)
 	case c.Join != "" && c.Bootstrap:
 		return invalid("--bootstrap starts a new cluster and --join=%s joins one: give one of them", c.Join)
 	case c.Join != "" && len(c.BootstrapPeers) > 0:
@@ -355,7 +364,7 @@ func registerFlags(fs *flag.FlagSet, cfg *Config, replaceLists bool) {
 	registerRaftFlags(fs, &cfg.Raft)
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "HTTP listen `host:port`: the REST API (docs/api.md), /metrics, /healthz, /readyz (port 0 picks a free one)")
 	fs.StringVar(&cfg.ProbeAddr, "probe-addr", cfg.ProbeAddr, "plain-HTTP listen `host:port` serving only GET /healthz, /readyz and /metrics, never TLS, a client certificate or the admin token (for kubelet probes and Prometheus when --tls-client-ca makes --http-addr ask for client certificates; it serves nothing else, so it may listen beyond loopback); empty: off")
-	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest HTTP request body and gRPC message accepted, in `bytes` (larger: 413 / RESOURCE_EXHAUSTED)")
+	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest HTTP request body and gRPC message accepted, in `bytes` (larger: 413 / RESOURCE_EXHAUSTED); at least "+strconv.Itoa(kvindexv1.LedgerMinRecvBytes)+", the routers' shared ledger's largest message")
 	fs.IntVar(&cfg.MaxPromptTokens, "max-prompt-tokens", cfg.MaxPromptTokens, "most tokens a prompt (or block hashes a query) may have")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate `file`: serve gRPC and REST over TLS (with --tls-key)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key `file` of --tls-cert")

@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 	"github.com/kvindex/kvindex/internal/ingest"
 )
 
@@ -208,6 +211,41 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ParseFlags(%q, %v) = %v, want an error mentioning %q", c.args, c.env, err, c.want)
 		}
+	}
+}
+
+// --max-body-bytes is the gRPC receive limit too: below the shared ledger's
+// largest message the leader would refuse the routers' reports, so the node
+// refuses to start, naming the value and the least it takes. The ledger is
+// always served, so this holds whatever else is set.
+func TestMaxBodyBytesHoldsTheLedgersMessages(t *testing.T) {
+	least := kvindexv1.LedgerMinRecvBytes
+	for _, c := range []struct {
+		name  string
+		value int
+		ok    bool
+	}{
+		{"the default", int(DefaultConfig().MaxBodyBytes), true},
+		{"the least", least, true},
+		{"one byte less", least - 1, false},
+		{"one ledger message's worth of decisions", kvindexv1.LedgerMaxMessageBytes, false},
+		{"the old floor", 1024, false},
+		{"zero", 0, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := []string{"--max-body-bytes", strconv.Itoa(c.value)}
+			cfg, err := ParseFlags(args, &bytes.Buffer{}, env(nil))
+			if c.ok {
+				if err != nil || cfg.MaxBodyBytes != int64(c.value) {
+					t.Fatalf("--max-body-bytes=%d: %v", c.value, err)
+				}
+				return
+			}
+			want := fmt.Sprintf("--max-body-bytes=%d is below %d", c.value, least)
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), want) {
+				t.Fatalf("--max-body-bytes=%d: %v, want ErrInvalidConfig saying %q", c.value, err, want)
+			}
+		})
 	}
 }
 

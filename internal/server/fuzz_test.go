@@ -7,13 +7,15 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	kvindexv1 "github.com/kvindex/kvindex/api/proto/kvindex/v1"
 )
 
 // FuzzRESTBodies sends arbitrary bodies to every POST endpoint: the answer is
 // never a 5xx and always JSON, whatever the body.
 func FuzzRESTBodies(f *testing.F) {
 	cfg := testConfig(f)
-	cfg.MaxBodyBytes = 64 << 10
+	cfg.MaxBodyBytes = kvindexv1.LedgerMinRecvBytes // the least a node takes
 	cfg.MaxPromptTokens = 4096
 	h := runServer(f, cfg).API().Handler()
 	paths := []string{"/kv-cache/hit-rate", "/query", "/query_by_hash", "/v1/score", "/v1/query_by_hash", "/register", "/unregister"}

@@ -21,7 +21,7 @@ import "time"
 // A message is then at most LedgerMinRecvBytes: the three sections and their
 // framing (at most LedgerMaxQueued decisions and as many bindings, a few bytes
 // each) and a router id. Both sides must receive that much: routers do, with
-// gRPC's default 4 MiB, and so does the indexer's default --max-body-bytes.
+// gRPC's default 4 MiB, and the indexer refuses a --max-body-bytes below it.
 const (
 	LedgerMaxPredictionKeys = 1 << 16
 	LedgerMaxQueued         = 4096
