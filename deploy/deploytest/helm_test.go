@@ -1,7 +1,6 @@
 package deploytest
 
 import (
-	"cmp"
 	"fmt"
 	"io"
 	"net"
@@ -464,16 +463,26 @@ func checkRouter(t *testing.T, r *rendered, epp bool) {
 		t.Fatalf("the router refuses the chart's flags %q: %v", args, err)
 	}
 	// The routers' shared ledger (LoadService, on with --indexer) needs the
-	// indexer's ledger token, or its admin token when it has none: the router
-	// must hold the Secret the indexer takes that token from. With a ledger
-	// token the router holds no reference to the admin Secret: whoever controls
+	// indexer's ledger token when the indexer checks tokens. The router never
+	// holds the admin token, nor any reference to its Secret: whoever controls
 	// a router must not be able to register workers or change the membership.
+	// Without a ledger token the ledger is off rather than refused; with one,
+	// or an indexer that checks none, it is on.
 	icfg := indexerConfig(t, r.statefulSets["kv-indexer"])
-	if want := cmp.Or(icfg.LedgerToken, icfg.AdminToken); cfg.Ledger && cfg.IndexerToken != want {
-		t.Errorf("router's indexer token %q, want the indexer's ledger token, else its admin token, %q: without it the ledger stream is refused", cfg.IndexerToken, want)
+	withoutToken := icfg.AdminToken != "" && icfg.LedgerToken == ""
+	switch {
+	case withoutToken && cfg.Ledger:
+		t.Errorf("the indexer checks tokens and has no ledger token, yet the router runs the ledger (--ledger), which the indexer refuses")
+	case !withoutToken && !cfg.Ledger:
+		t.Errorf("the router could share load through the ledger but runs with --ledger=false")
+	case cfg.Ledger && cfg.IndexerToken != icfg.LedgerToken:
+		t.Errorf("router's indexer token %q, want the indexer's ledger token %q: without it the ledger stream is refused", cfg.IndexerToken, icfg.LedgerToken)
 	}
-	if admin := adminSecret(r.statefulSets["kv-indexer"]); icfg.LedgerToken != "" && admin != "" && referencesSecret(d.Spec.Template.Spec, admin) {
-		t.Errorf("the indexer has a ledger token, yet the router's pod references the admin Secret %q", admin)
+	if icfg.AdminToken != "" && cfg.IndexerToken == icfg.AdminToken {
+		t.Errorf("the router holds the indexer's admin token %q", icfg.AdminToken)
+	}
+	if admin := adminSecret(r.statefulSets["kv-indexer"]); admin != "" && referencesSecret(d.Spec.Template.Spec, admin) {
+		t.Errorf("the router's pod references the admin Secret %q", admin)
 	}
 	if got, want := portOf(t, cfg.Listen), containerPort(t, c, "http"); got != want {
 		t.Errorf("--listen port %d, container port http %d", got, want)
@@ -798,6 +807,44 @@ router: {enabled: false}
 			checkServices(t, r)
 			c.check(t, r)
 		})
+	}
+}
+
+// No router is ever given the admin token, whatever the values: not its
+// Secret by any reference (variable, envFrom, volume), with or without a
+// ledger token, TLS, the EPP, fixed replicas or the examples. Without a ledger
+// token the routers run with the ledger off instead (checkRouter).
+func TestChartNeverGivesRoutersTheAdminToken(t *testing.T) {
+	tokens := []string{
+		`adminToken: {existingSecret: kv-admin}`,
+		"adminToken: {existingSecret: kv-admin}\nledgerToken: {existingSecret: kv-ledger}",
+		`adminToken: {existingSecret: kv-admin, insecureNoAdminToken: true}`,
+		`adminToken: {insecureNoAdminToken: true}`,
+	}
+	others := []string{
+		``,
+		`tls: {enabled: true, secretName: kv-tls, raftSecretName: kv-raft-tls, routerSecretName: kv-router-tls}`,
+		`router: {eppPort: 0, autoscaling: {enabled: false}, replicas: 2, extraVolumes: [{name: m, emptyDir: {}}], extraVolumeMounts: [{name: m, mountPath: /m}]}`,
+		"serviceMonitor: {enabled: true}\nnetworkPolicy: {enabled: true}\nexamples: {vllm: {enabled: true}, inferencePool: {enabled: true}}",
+	}
+	for _, tok := range tokens {
+		for _, other := range others {
+			values := tok + "\n" + other
+			t.Run(values, func(t *testing.T) {
+				r, err := render(t, values)
+				if err != nil {
+					t.Fatal(err)
+				}
+				d := r.deployments["kv-router"]
+				if d == nil {
+					t.Fatal("no router Deployment")
+				}
+				if referencesSecret(d.Spec.Template.Spec, "kv-admin") {
+					t.Errorf("the router's pod references the admin Secret kv-admin")
+				}
+				checkRouter(t, r, !strings.Contains(other, "eppPort: 0"))
+			})
+		}
 	}
 }
 
