@@ -279,11 +279,11 @@ func (l *loadLedger) receiveLocked(id string, r *ledgerRouter, rep *kvindexv1.Re
 				id, n, maxLedgerTargetsPerReport)
 		}
 	}
-	l.metrics.reports.Inc()
 	if !done && len(rep.Predicted)+len(rep.Sessions) == 0 {
 		return nil // nothing for the others yet
 	}
 	if done {
+		l.metrics.reports.Inc() // reports, not their messages
 		l.applyLoadsLocked(r, loads, full)
 	}
 	if len(rep.Predicted)+len(rep.Sessions) > 0 {

@@ -891,7 +891,8 @@ func longNamedLoads(first, n int, inFlight uint32) []*kvindexv1.TargetLoad {
 func TestLedgerAppliesASplitReportWhole(t *testing.T) {
 	m, _ := newLedgerMetrics(nil)
 	split := newLoadLedger(time.Minute, time.Millisecond, 4, m, clusterLogger())
-	whole := newLoadLedger(time.Minute, time.Millisecond, 4, m, clusterLogger()) // every report in one message
+	wm, _ := newLedgerMetrics(nil)
+	whole := newLoadLedger(time.Minute, time.Millisecond, 4, wm, clusterLogger()) // every report in one message
 	held := func(l *loadLedger) map[ledgerTarget]ledgerLoad {
 		l.mu.Lock()
 		defer l.mu.Unlock()
@@ -956,6 +957,9 @@ func TestLedgerAppliesASplitReportWhole(t *testing.T) {
 	}
 	if _, ok := held(split)[ledgerTarget{"gone", 0}]; ok {
 		t.Fatal("a target the full report did not list still holds load")
+	}
+	if n, want := testutil.ToFloat64(m.reports), float64(1+len(steps)); n != want {
+		t.Fatalf("kvindex_ledger_reports_total = %v, want %v: it counts reports, not their messages", n, want)
 	}
 
 	// What is refused, and a stream that ends in the middle of a report,
