@@ -3,7 +3,9 @@
 // token ids vLLM feeds its KV cache: completion prompts as text (special tokens added
 // unless add_special_tokens is false) or token ids used as given; chat messages
 // rendered with the model's chat template and encoded without special tokens unless
-// add_special_tokens is true.
+// add_special_tokens is true. Chat messages with media (image, audio, video, file
+// parts) decode, but have no prompt tokens here (ChatRequest.MediaPart): their prompt
+// is the engine's multimodal processor's to build.
 //
 // The fake engine and the router both use it, so the router computes block keys from
 // exactly the tokens an engine caches: a router whose tokens differ from the engine's

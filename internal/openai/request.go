@@ -85,6 +85,19 @@ func (r *ChatRequest) ChatOptions() tokenize.ChatOptions {
 	}
 }
 
+// MediaPart is the type of the first content part of the messages that is not
+// text (image_url, input_audio, ...; see tokenize.Message.Media), or "" when
+// every part is text. A request with media has no prompt tokens here: the
+// engine's multimodal processor builds its prompt, and PromptTokens refuses it.
+func (r *ChatRequest) MediaPart() string {
+	for _, m := range r.Messages {
+		if len(m.Media) > 0 {
+			return m.Media[0]
+		}
+	}
+	return ""
+}
+
 // PromptTokens renders the messages with the model's chat template and encodes
 // the text as vLLM does for chat (special tokens only with add_special_tokens).
 func (r *ChatRequest) PromptTokens(tok tokenize.Tokenizer) ([]uint32, error) {

@@ -184,6 +184,37 @@ func TestChatPromptTokensRenderTheTemplate(t *testing.T) {
 	}
 }
 
+// A chat request with an image decodes: MediaPart names the part, PromptTokens
+// refuses it (its prompt is the engine's multimodal processor's), and the image's
+// data is scanned, never copied, so decoding a body of megabytes allocates
+// kilobytes.
+func TestChatRequestWithMediaDecodesWithoutCopyingTheMedia(t *testing.T) {
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},` +
+		`{"type":"image_url","image_url":{"url":"data:image/png;base64,` + strings.Repeat("QUFB", 1<<20) + `"}}]}]}`)
+	var r ChatRequest
+	var err error
+	n := allocated(func() { err = json.Unmarshal(body, &r) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n > 64<<10 {
+		t.Errorf("decoding a %d-byte body with an image allocated %d bytes, want at most 64 KiB", len(body), n)
+	}
+	if got := r.MediaPart(); got != "image_url" {
+		t.Errorf("MediaPart = %q, want image_url", got)
+	}
+	if r.Messages[0].Content != "what is this?" {
+		t.Errorf("content = %q, want the text part", r.Messages[0].Content)
+	}
+	if _, err := r.PromptTokens(tokenize.NewBuiltin()); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("PromptTokens with media: %v, want ErrBadRequest", err)
+	}
+	text := ChatRequest{Messages: []tokenize.Message{{Role: "user", Content: "hi"}}}
+	if got := text.MediaPart(); got != "" {
+		t.Errorf("text-only MediaPart = %q, want none", got)
+	}
+}
+
 // vllmPrompt decodes raw with encoding/json as one of the prompt shapes vLLM's
 // /v1/completions accepts, holding one prompt: the fuzz target's oracle.
 func vllmPrompt(raw []byte, tok tokenize.Tokenizer) ([]uint32, bool) {

@@ -42,6 +42,9 @@ type prepared struct {
 	header   http.Header
 	stream   bool
 	route    RouteRequest
+	// unkeyed says why a chat request has no prompt tokens and no prefix keys
+	// (content the router cannot tokenize); "" otherwise.
+	unkeyed string
 	// subset is the EPP's subset hint (sorted), part of the admission queue key;
 	// empty without a hint.
 	subset string
@@ -101,7 +104,12 @@ func (r *Router) prepare(h http.Header, path string, ep endpoint, body []byte) (
 			return nil, err
 		}
 		p.route.Model, p.route.BaseModel, p.route.LoRA = cmpOr(model, base), base, lora
-		if tokens, err = c.PromptTokens(r.tokenizer(base)); err != nil {
+		if part := c.MediaPart(); part != "" {
+			// The engine keys the blocks of a media item with the item's hash, which
+			// the router cannot compute (nor the item's placeholder tokens): the
+			// request is routed by load alone, and passed on as it came.
+			p.unkeyed = fmt.Sprintf("a content part of type %q: routed by load, without prefix keys", part)
+		} else if tokens, err = c.PromptTokens(r.tokenizer(base)); err != nil {
 			return nil, err
 		}
 	default:

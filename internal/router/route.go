@@ -186,7 +186,7 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 			return nil, err
 		}
 	}
-	if p.endpoint != endpointOther {
+	if p.endpoint != endpointOther && p.unkeyed == "" {
 		r.askIndex(ctx, p, serve, prePool)
 	}
 
@@ -227,6 +227,9 @@ func (r *Router) decide(ctx context.Context, p *prepared, tried map[string]bool,
 		}
 	}
 	d.Source = chosen.Overlap.Source
+	if p.unkeyed != "" && d.Reason == "" {
+		d.Reason = p.unkeyed
+	}
 	if (r.cfg.Policy == PolicySession && route.SessionKey != "") || (r.cfg.Policy == PolicyPrefixHash && route.PrefixKey != "") {
 		d.Source = SourceSession // without a key, the least-loaded candidate was taken: the overlap's source stands
 	}

@@ -90,6 +90,9 @@ func (b *Builtin) Decode(ids []uint32) (string, error) {
 
 // ApplyChatTemplate renders messages as ChatML (see Builtin).
 func (*Builtin) ApplyChatTemplate(messages []Message, opts ChatOptions) (string, error) {
+	if err := textOnly(messages); err != nil {
+		return "", err
+	}
 	if opts.AddGenerationPrompt && opts.ContinueFinalMessage {
 		return "", fmt.Errorf("%w: add_generation_prompt and continue_final_message cannot both be true", ErrInvalidMessages)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -136,17 +137,27 @@ func TestMessageContentFormsJoinLikeVLLM(t *testing.T) {
 		name    string
 		json    string
 		want    string
+		media   []string
 		wantErr bool
 	}{
-		{"string", `{"role":"user","content":"hi"}`, "hi", false},
-		{"null", `{"role":"assistant","content":null}`, "", false},
-		{"absent", `{"role":"assistant"}`, "", false},
-		{"text parts joined by newline", `{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}`, "a\nb", false},
-		{"empty and null texts skipped", `{"role":"user","content":[{"type":"text","text":""},{"type":"text","text":null},{"type":"text","text":"x"}]}`, "x", false},
-		{"bare strings, refusal, thinking, input_text", `{"role":"user","content":["s",{"type":"refusal","refusal":"r"},{"type":"thinking","thinking":"t"},{"type":"input_text","text":"i"}]}`, "s\nr\nt\ni", false},
-		{"empty part list", `{"role":"user","content":[]}`, "", false},
-		{"image part", `{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}`, "", true},
-		{"number", `{"role":"user","content":3}`, "", true},
+		{"string", `{"role":"user","content":"hi"}`, "hi", nil, false},
+		{"null", `{"role":"assistant","content":null}`, "", nil, false},
+		{"absent", `{"role":"assistant"}`, "", nil, false},
+		{"text parts joined by newline", `{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}`, "a\nb", nil, false},
+		{"empty and null texts skipped", `{"role":"user","content":[{"type":"text","text":""},{"type":"text","text":null},{"type":"text","text":"x"}]}`, "x", nil, false},
+		{"bare strings, refusal, thinking, input_text", `{"role":"user","content":["s",{"type":"refusal","refusal":"r"},{"type":"thinking","thinking":"t"},{"type":"input_text","text":"i"}]}`, "s\nr\nt\ni", nil, false},
+		{"empty part list", `{"role":"user","content":[]}`, "", nil, false},
+		{"null part skipped", `{"role":"user","content":[null,"x"]}`, "x", nil, false},
+		// Parts of any other type are kept by type, the text parts joined around them.
+		{"image part", `{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}`, "", []string{"image_url"}, false},
+		{"text around media", `{"role":"user","content":[{"type":"text","text":"what is"},{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}},{"type":"text","text":"this?"},{"type":"video_url","video_url":{"url":"v"}},{"type":"file","file":{"file_data":"x"}}]}`,
+			"what is\nthis?", []string{"input_audio", "video_url", "file"}, false},
+		{"part without a type", `{"role":"user","content":[{"image_url":{"url":"x"}}]}`, "", []string{""}, false},
+		{"a long type is clipped", `{"role":"user","content":[{"type":"` + strings.Repeat("t", 1000) + `"}]}`, "", []string{strings.Repeat("t", maxMediaType)}, false},
+		{"number", `{"role":"user","content":3}`, "", nil, true},
+		{"number part", `{"role":"user","content":["a",3]}`, "", nil, true},
+		{"list part", `{"role":"user","content":[["a"]]}`, "", nil, true},
+		{"type of the wrong type", `{"role":"user","content":[{"type":5}]}`, "", nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -158,10 +169,25 @@ func TestMessageContentFormsJoinLikeVLLM(t *testing.T) {
 			if err != nil && !errors.Is(err, ErrInvalidMessages) {
 				t.Fatalf("err = %v, want one wrapping ErrInvalidMessages", err)
 			}
-			if err == nil && m.Content != tt.want {
-				t.Fatalf("content = %q, want %q", m.Content, tt.want)
+			if err == nil && (m.Content != tt.want || !slices.Equal(m.Media, tt.media)) {
+				t.Fatalf("content = %q, media %q; want %q, %q", m.Content, m.Media, tt.want, tt.media)
 			}
 		})
+	}
+}
+
+// A message with media decodes, but neither tokenizer renders it: its prompt is
+// the model's multimodal processor's to build.
+func TestChatTemplatesRefuseMedia(t *testing.T) {
+	var msgs []Message
+	if err := json.Unmarshal([]byte(`[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]`), &msgs); err != nil {
+		t.Fatal(err)
+	}
+	for name, tok := range map[string]Tokenizer{"builtin": NewBuiltin(), "qwen3": variantTokenizer(t, "qwen3")} {
+		_, err := tok.ApplyChatTemplate(msgs, ChatOptions{AddGenerationPrompt: true})
+		if !errors.Is(err, ErrInvalidMessages) || !strings.Contains(err.Error(), "image_url") {
+			t.Errorf("%s: %v, want ErrInvalidMessages naming the image_url part", name, err)
+		}
 	}
 }
 

@@ -180,6 +180,9 @@ func (t *HFTokenizer) ApplyChatTemplate(messages []Message, opts ChatOptions) (s
 	if t.chat == nil {
 		return "", fmt.Errorf("%w: model %q has no chat template", ErrNotSupported, t.model)
 	}
+	if err := textOnly(messages); err != nil {
+		return "", err
+	}
 	if opts.AddGenerationPrompt && opts.ContinueFinalMessage {
 		return "", fmt.Errorf("%w: add_generation_prompt and continue_final_message cannot both be true", ErrInvalidMessages)
 	}

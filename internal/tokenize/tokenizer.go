@@ -38,7 +38,8 @@ type Tokenizer interface {
 	Decode(ids []uint32) (string, error)
 	// ApplyChatTemplate renders messages into prompt text (to be encoded with
 	// addSpecialTokens false, as vLLM does for chat requests). Messages the template
-	// cannot render are an error wrapping ErrInvalidMessages.
+	// cannot render, and messages with media (Message.Media), are an error wrapping
+	// ErrInvalidMessages.
 	ApplyChatTemplate(messages []Message, opts ChatOptions) (string, error)
 	// VocabSize is one more than the largest valid token id.
 	VocabSize() int
@@ -64,7 +65,14 @@ type ChatOptions struct {
 type Message struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
-	Name    string `json:"name,omitempty"`
+	// Media are the types of the content parts that are not text (image_url,
+	// input_audio, video_url, file, ...), in order; Content holds the text parts
+	// only. Only the type is kept, never the part's data. The tokenizers here are
+	// text-only: ApplyChatTemplate refuses a message with media, whose prompt the
+	// model's multimodal processor builds (placeholder tokens per item, and block
+	// hashes that include each item's hash).
+	Media []string `json:"-"`
+	Name  string   `json:"name,omitempty"`
 	// ToolCalls are an assistant message's function calls; an empty list is the same
 	// as none.
 	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
@@ -210,13 +218,15 @@ func eachMember(data []byte, fn func(key string, value json.RawMessage) error) e
 
 // UnmarshalJSON accepts content as a string, null, or an array of parts, which vLLM
 // joins with "\n" for text-only templates: text parts (also input_text, output_text),
-// refusal and thinking parts and bare strings contribute their text, empty texts are
-// skipped, and any other part type (images, audio) is an error wrapping
-// ErrInvalidMessages because the tokenizers here are text-only. Null content is "".
+// refusal and thinking parts and bare strings contribute their text, and empty texts
+// are skipped. Any other part (an object of another type: image_url, input_audio,
+// ...) is kept in Media by its type. Null content is "". A part that is neither a
+// string, null nor an object, or content of another JSON type, is an error
+// wrapping ErrInvalidMessages.
 func (m *Message) UnmarshalJSON(data []byte) error {
 	var raw struct {
 		Role       string          `json:"role"`
-		Content    json.RawMessage `json:"content"`
+		Content    content         `json:"content"`
 		Name       json.RawMessage `json:"name"`
 		ToolCalls  []ToolCall      `json:"tool_calls"`
 		ToolCallID *string         `json:"tool_call_id"`
@@ -231,11 +241,7 @@ func (m *Message) UnmarshalJSON(data []byte) error {
 	if raw.Reasoning == nil {
 		raw.Reasoning = raw.ReasoningContent
 	}
-	content, err := flattenContent(raw.Content)
-	if err != nil {
-		return err
-	}
-	*m = Message{Role: raw.Role, Content: content, ToolCalls: raw.ToolCalls, Reasoning: raw.Reasoning, Tools: raw.Tools}
+	*m = Message{Role: raw.Role, Content: raw.Content.text, Media: raw.Content.media, ToolCalls: raw.ToolCalls, Reasoning: raw.Reasoning, Tools: raw.Tools}
 	if raw.ToolCallID != nil {
 		m.ToolCallID = *raw.ToolCallID
 	}
@@ -244,49 +250,77 @@ func (m *Message) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-func flattenContent(raw json.RawMessage) (string, error) {
-	trimmed := bytes.TrimSpace(raw)
-	if len(trimmed) == 0 || string(trimmed) == "null" {
-		return "", nil
-	}
-	switch trimmed[0] {
+// content is a message's content, decoded where it lies in the body: encoding/json
+// hands UnmarshalJSON a slice of the body, and the parts are decoded from it in
+// place, so a media part's data (a base64 image of megabytes) is scanned but never
+// copied.
+type content struct {
+	text  string
+	media []string
+}
+
+func (c *content) UnmarshalJSON(data []byte) error {
+	*c = content{}
+	switch data[0] { // encoding/json trims the value; it is never empty
+	case 'n':
+		return nil
 	case '"':
-		var s string
-		err := json.Unmarshal(trimmed, &s)
-		return s, err
+		return json.Unmarshal(data, &c.text)
 	case '[':
-		var parts []json.RawMessage
-		if err := json.Unmarshal(trimmed, &parts); err != nil {
-			return "", err
+		var parts []contentPart
+		if err := json.Unmarshal(data, &parts); err != nil {
+			return err
 		}
 		texts := make([]string, 0, len(parts))
 		for i, p := range parts {
-			text, err := partText(p)
-			if err != nil {
-				return "", fmt.Errorf("content part %d: %w", i, err)
-			}
-			if text != "" {
-				texts = append(texts, text)
+			switch {
+			case p.err != nil:
+				return fmt.Errorf("content part %d: %w", i, p.err)
+			case p.media:
+				c.media = append(c.media, p.text)
+			case p.text != "":
+				texts = append(texts, p.text)
 			}
 		}
-		return strings.Join(texts, "\n"), nil
+		c.text = strings.Join(texts, "\n")
+		return nil
 	}
-	return "", fmt.Errorf("%w: content must be a string, null or an array of parts, got %.20s", ErrInvalidMessages, trimmed)
+	return fmt.Errorf("%w: content must be a string, null or an array of parts, got %.20s", ErrInvalidMessages, data)
 }
 
-func partText(raw json.RawMessage) (string, error) {
-	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
-		return s, nil
+// maxMediaType bounds the part type kept for a media part; the type names vLLM
+// knows are far shorter.
+const maxMediaType = 64
+
+// contentPart is one element of an array content: its text, or with media the
+// part's type (at most maxMediaType bytes of it). A part that cannot be read
+// keeps its error, which content reports with the part's index.
+type contentPart struct {
+	text  string
+	media bool
+	err   error
+}
+
+func (p *contentPart) UnmarshalJSON(data []byte) error {
+	*p = contentPart{}
+	if data[0] != '{' {
+		// A bare string is text; null is an empty text (skipped).
+		if err := json.Unmarshal(data, &p.text); err != nil {
+			p.err = fmt.Errorf("%w: a part must be a string or an object, got %.20s", ErrInvalidMessages, data)
+		}
+		return nil
 	}
+	// Members other than these (an image_url's data) are skipped by the scanner,
+	// not copied.
 	var part struct {
 		Type     string  `json:"type"`
 		Text     *string `json:"text"`
 		Refusal  *string `json:"refusal"`
 		Thinking *string `json:"thinking"`
 	}
-	if err := json.Unmarshal(raw, &part); err != nil {
-		return "", fmt.Errorf("%w: %v", ErrInvalidMessages, err)
+	if err := json.Unmarshal(data, &part); err != nil {
+		p.err = fmt.Errorf("%w: %v", ErrInvalidMessages, err)
+		return nil
 	}
 	var text *string
 	switch part.Type {
@@ -297,10 +331,26 @@ func partText(raw json.RawMessage) (string, error) {
 	case "thinking":
 		text = part.Thinking
 	default:
-		return "", fmt.Errorf("%w: part type %q; only text parts are supported", ErrInvalidMessages, part.Type)
+		p.media = true
+		p.text = part.Type
+		if len(p.text) > maxMediaType {
+			p.text = strings.Clone(p.text[:maxMediaType])
+		}
+		return nil
 	}
-	if text == nil {
-		return "", nil
+	if text != nil {
+		p.text = *text
 	}
-	return *text, nil
+	return nil
+}
+
+// textOnly refuses messages with media parts: their prompt is not text these
+// tokenizers can render (see Message.Media).
+func textOnly(messages []Message) error {
+	for i, m := range messages {
+		if len(m.Media) > 0 {
+			return fmt.Errorf("%w: message %d has a content part of type %q; only text parts are supported", ErrInvalidMessages, i, m.Media[0])
+		}
+	}
+	return nil
 }
