@@ -36,6 +36,20 @@ type CompletionRequest struct {
 	// KVTransferParams is vLLM's kv_transfer_params, kept raw: its fields belong to
 	// the KV connector.
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	// PromptEmbeds: the request carries vLLM's prompt_embeds (base64 tensors,
+	// prompts of their own, served before the text prompt if there is one). Their
+	// tokens and block hashes are not computable from the text; PromptTokens
+	// ignores them.
+	PromptEmbeds Present `json:"prompt_embeds"`
+}
+
+// Present records whether a member holds a value other than null, without
+// keeping (or copying) the value.
+type Present bool
+
+func (p *Present) UnmarshalJSON(data []byte) error {
+	*p = string(data) != "null"
+	return nil
 }
 
 // ChatRequest is the part of a /v1/chat/completions body that decides the prompt.

@@ -13,10 +13,10 @@
 //     in by cmd/router).
 //   - prompt.go: request body -> model, token ids and block keys (internal/openai,
 //     internal/tokenize, internal/kvblock), cached per prompt; a chat request with
-//     media (image, audio, video, file parts) gets none and is routed by load alone:
-//     the engine's hashes of media blocks include the media's hash, which the router
-//     cannot compute. keys.go: the session and prefix-hash keys (explicit headers and
-//     fields, canonical context).
+//     media (image, audio, video, file parts), or a completion with prompt_embeds,
+//     gets none and is routed by load alone: the engine's hashes of media blocks
+//     include the media's hash, which the router cannot compute. keys.go: the
+//     session and prefix-hash keys (explicit headers and fields, canonical context).
 //   - overlap.go: per-candidate cached prefix from the indexer (QueryByHash under a
 //     deadline), the predicted overlay of recent decisions, and the approximate
 //     index used while the indexer is down. overlay.go is the TTL-bounded store the

@@ -81,10 +81,10 @@ func imageBody(question string) string {
 		testModel, question, strings.Repeat("iVBORw0KGgo", 200))
 }
 
-// debugRoute is the router's dry-run decision for a chat body.
-func debugRoute(t *testing.T, rt *testRouter, body string) decisionJSON {
+// debugRoute is the router's dry-run decision for a body of the endpoint.
+func debugRoute(t *testing.T, rt *testRouter, endpoint, body string) decisionJSON {
 	t.Helper()
-	resp, raw := send(t, rt.url, "/debug/route?endpoint=/v1/chat/completions", body)
+	resp, raw := send(t, rt.url, "/debug/route?endpoint="+endpoint, body)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("/debug/route: %d %s", resp.StatusCode, raw)
 	}
@@ -117,7 +117,7 @@ func TestMediaRequestsAreRoutedByLoadAndPassedOnUnchanged(t *testing.T) {
 				if code != http.StatusOK {
 					t.Fatalf("media request: %d %s, want the engine's 200", code, raw)
 				}
-				d := debugRoute(t, rt, body)
+				d := debugRoute(t, rt, "/v1/chat/completions", body)
 				if d.PromptBlocks != 0 || d.PromptTokens != 0 || d.OverlapBlocks != 0 || d.IndexerAnswered ||
 					d.Source != SourceLoadOnly || !strings.Contains(d.Reason, "without prefix keys") {
 					t.Errorf("decision %+v: want no prompt tokens, no keys, no indexer query, load-only, and the reason", d)
@@ -133,11 +133,42 @@ func TestMediaRequestsAreRoutedByLoadAndPassedOnUnchanged(t *testing.T) {
 			}
 			// Text only: keyed from the rendered prompt, as before.
 			text := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":[{"type":"text","text":%q}]}]}`, testModel, words("text", 20))
-			if d := debugRoute(t, rt, text); d.PromptBlocks == 0 || !d.IndexerAnswered || d.Reason != "" {
+			if d := debugRoute(t, rt, "/v1/chat/completions", text); d.PromptBlocks == 0 || !d.IndexerAnswered || d.Reason != "" {
 				t.Errorf("text-only decision %+v: want prompt blocks, the indexer asked, and no reason", d)
 			}
 			rt.assertNoLoad(t, []string{"v0", "v1"})
 		})
+	}
+}
+
+// A completion carrying vLLM's prompt_embeds (alone, or with a text prompt, which
+// vLLM serves after them) is routed by load and passed on unchanged: the
+// embeddings' blocks are not the router's to key.
+func TestPromptEmbedsAreRoutedByLoadAndPassedOnUnchanged(t *testing.T) {
+	cfg, engines := recordingFleet(t, PolicyKVAware)
+	rt := startRouter(t, cfg)
+	embeds := strings.Repeat("k05MUFkBAHYAeydkZXNjcic6ICc8ZjQnLCAn", 100)
+	bodies := []string{
+		fmt.Sprintf(`{"model":%q,"prompt_embeds":%q,"max_tokens":4}`, testModel, embeds),
+		fmt.Sprintf(`{"model":%q,"prompt":%q,"prompt_embeds":[%q],"max_tokens":4}`, testModel, words("with embeds", 20), embeds),
+	}
+	for _, body := range bodies {
+		if code, _, raw := post(t, rt.url, "/v1/completions", body); code != http.StatusOK {
+			t.Fatalf("prompt_embeds request: %d %s, want the engine's 200", code, raw)
+		}
+		if d := debugRoute(t, rt, "/v1/completions", body); d.PromptBlocks != 0 || d.Source != SourceLoadOnly || !strings.Contains(d.Reason, "prompt_embeds") {
+			t.Errorf("decision %+v: want no keys, load-only, and the reason", d)
+		}
+	}
+	got := append(engines[0].received(), engines[1].received()...)
+	slices.Sort(got)
+	if want := slices.Sorted(slices.Values(bodies)); !slices.Equal(got, want) {
+		t.Fatalf("engines received %d bodies, want the %d sent, each once and unchanged", len(got), len(want))
+	}
+	// prompt_embeds null is no embedding: the text prompt is keyed.
+	text := fmt.Sprintf(`{"model":%q,"prompt":%q,"prompt_embeds":null}`, testModel, words("no embeds", 20))
+	if d := debugRoute(t, rt, "/v1/completions", text); d.PromptBlocks == 0 || d.Reason != "" {
+		t.Errorf("text decision %+v: want prompt blocks and no reason", d)
 	}
 }
 

@@ -42,8 +42,8 @@ type prepared struct {
 	header   http.Header
 	stream   bool
 	route    RouteRequest
-	// unkeyed says why a chat request has no prompt tokens and no prefix keys
-	// (content the router cannot tokenize); "" otherwise.
+	// unkeyed says why a completion or chat request has no prompt tokens and no
+	// prefix keys (input the router cannot tokenize); "" otherwise.
 	unkeyed string
 	// subset is the EPP's subset hint (sorted), part of the admission queue key;
 	// empty without a hint.
@@ -82,7 +82,10 @@ func (r *Router) prepare(h http.Header, path string, ep endpoint, body []byte) (
 			return nil, err
 		}
 		p.route.Model, p.route.BaseModel, p.route.LoRA = cmpOr(model, base), base, lora
-		if tokens, err = c.PromptTokens(r.tokenizer(base)); err != nil {
+		if c.PromptEmbeds {
+			// Embeddings are prompts the router cannot key, as media (below).
+			p.unkeyed = "prompt_embeds: routed by load, without prefix keys"
+		} else if tokens, err = c.PromptTokens(r.tokenizer(base)); err != nil {
 			return nil, err
 		}
 	case endpointChat:
