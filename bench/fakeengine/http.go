@@ -126,7 +126,7 @@ func (e *Engine) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	req := Request{Prompt: prompt, Model: body.Model, CacheSalt: body.CacheSalt, KVTransfer: kv}
 	if body.MaxTokens != nil {
-		req.MaxTokens = *body.MaxTokens
+		req.MaxTokens = int(*body.MaxTokens)
 	}
 	e.serveGeneration(w, r, req, generation{kind: kindCompletion, model: body.Model, stream: body.Stream, opts: body.StreamOptions})
 }
@@ -154,9 +154,9 @@ func (e *Engine) handleChat(w http.ResponseWriter, r *http.Request) {
 	req := Request{Prompt: prompt, Model: body.Model, CacheSalt: body.CacheSalt, KVTransfer: kv}
 	switch {
 	case body.MaxCompletionTokens != nil:
-		req.MaxTokens = *body.MaxCompletionTokens
+		req.MaxTokens = int(*body.MaxCompletionTokens)
 	case body.MaxTokens != nil:
-		req.MaxTokens = *body.MaxTokens
+		req.MaxTokens = int(*body.MaxTokens)
 	}
 	e.serveGeneration(w, r, req, generation{kind: kindChat, model: body.Model, stream: body.Stream, opts: body.StreamOptions})
 }

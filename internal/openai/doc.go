@@ -11,6 +11,9 @@
 // exactly the tokens an engine caches: a router whose tokens differ from the engine's
 // scores every prefix as a miss.
 //
+// Integer fields (LaxInt) are read as vLLM's pydantic models read an int: integral
+// numbers and base-10 integer strings too.
+//
 // Request types keep only the fields that decide the prompt and its routing; callers
 // that forward a request keep the original body and never re-encode it from these
 // types, so fields unknown here reach the engine unchanged.

@@ -27,8 +27,8 @@ type StreamOptions struct {
 type CompletionRequest struct {
 	Model            string          `json:"model"`
 	Prompt           json.RawMessage `json:"prompt"`
-	MaxTokens        *int            `json:"max_tokens"`
-	N                *int            `json:"n"`
+	MaxTokens        *LaxInt         `json:"max_tokens"`
+	N                *LaxInt         `json:"n"`
 	Stream           bool            `json:"stream"`
 	StreamOptions    *StreamOptions  `json:"stream_options"`
 	AddSpecialTokens *bool           `json:"add_special_tokens"`
@@ -56,9 +56,9 @@ func (p *Present) UnmarshalJSON(data []byte) error {
 type ChatRequest struct {
 	Model                string             `json:"model"`
 	Messages             []tokenize.Message `json:"messages"`
-	MaxTokens            *int               `json:"max_tokens"`
-	MaxCompletionTokens  *int               `json:"max_completion_tokens"`
-	N                    *int               `json:"n"`
+	MaxTokens            *LaxInt            `json:"max_tokens"`
+	MaxCompletionTokens  *LaxInt            `json:"max_completion_tokens"`
+	N                    *LaxInt            `json:"n"`
 	Stream               bool               `json:"stream"`
 	StreamOptions        *StreamOptions     `json:"stream_options"`
 	Tools                []tokenize.Tool    `json:"tools"`
@@ -71,7 +71,7 @@ type ChatRequest struct {
 }
 
 // CheckN refuses n other than 1: one request, one generation.
-func CheckN(n *int) error {
+func CheckN(n *LaxInt) error {
 	if n != nil && *n != 1 {
 		return badRequest("n=%d is not supported; only n=1", *n)
 	}
@@ -133,11 +133,11 @@ func (r *ChatRequest) OutputTokens() int {
 	return positive(r.MaxTokens)
 }
 
-func positive(p *int) int {
+func positive(p *LaxInt) int {
 	if p == nil || *p < 0 {
 		return 0
 	}
-	return *p
+	return int(*p)
 }
 
 // promptShapes names the prompt shapes vLLM's /v1/completions accepts (str,

@@ -178,7 +178,7 @@ func TestChatPromptTokensRenderTheTemplate(t *testing.T) {
 	if _, err := (&ChatRequest{}).PromptTokens(tok); !errors.Is(err, ErrBadRequest) {
 		t.Errorf("no messages: %v, want ErrBadRequest", err)
 	}
-	n := 2
+	n := LaxInt(2)
 	if err := CheckN(&n); !errors.Is(err, ErrBadRequest) {
 		t.Errorf("CheckN(2) = %v, want ErrBadRequest", err)
 	}

@@ -192,3 +192,31 @@ func TestClientDataParallelRankHeaderIsNotForwarded(t *testing.T) {
 	}
 	rt.assertNoLoad(t, f.ids)
 }
+
+// Integer fields are read as vLLM reads them (pydantic's lax mode): an integral
+// number or a numeric string is served; a fraction is a 400 naming the field,
+// sent nowhere.
+func TestLaxIntegerFieldsAreReadAsVLLMReadsThem(t *testing.T) {
+	rt, _, up := directRouter(t)
+	chat := func(extra string) string {
+		return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],%s}`, testModel, extra)
+	}
+	for _, extra := range []string{`"max_tokens":2.0`, `"max_completion_tokens":"2"`, `"n":"1","max_tokens":2`} {
+		if code, _, raw := post(t, rt.url, "/v1/chat/completions", chat(extra)); code != http.StatusOK {
+			t.Errorf("%s: %d %s, want 200", extra, code, raw)
+		}
+	}
+	if code, _, raw := post(t, rt.url, "/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"hi","max_tokens":"2","n":1.0}`, testModel)); code != http.StatusOK {
+		t.Errorf("completion with max_tokens \"2\", n 1.0: %d %s, want 200", code, raw)
+	}
+	served := counts(up)["w0"] + counts(up)["w1"]
+	for field, extra := range map[string]string{"max_tokens": `"max_tokens":2.5`, "max_completion_tokens": `"max_completion_tokens":"two"`, "n": `"n":true`} {
+		code, _, raw := post(t, rt.url, "/v1/chat/completions", chat(extra))
+		if code != http.StatusBadRequest || !strings.Contains(raw, "."+field+" ") {
+			t.Errorf("%s: %d %s, want a 400 naming %s", extra, code, raw, field)
+		}
+	}
+	if c := counts(up); c["w0"]+c["w1"] != served {
+		t.Errorf("refused requests reached the engines: %v", c)
+	}
+}
