@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 
 	"github.com/kvindex/kvindex/internal/tokenize"
@@ -66,6 +67,7 @@ type ChatRequest struct {
 	ContinueFinalMessage bool               `json:"continue_final_message"`
 	AddSpecialTokens     bool               `json:"add_special_tokens"`
 	ChatTemplateKwargs   map[string]any     `json:"chat_template_kwargs"`
+	ReasoningEffort      *string            `json:"reasoning_effort"`
 	CacheSalt            string             `json:"cache_salt"`
 	KVTransferParams     json.RawMessage    `json:"kv_transfer_params"`
 }
@@ -90,12 +92,28 @@ func (r *CompletionRequest) PromptTokens(tok tokenize.Tokenizer) ([]uint32, erro
 func (r *CompletionRequest) OutputTokens() int { return positive(r.MaxTokens) }
 
 // ChatOptions are the chat template inputs of the request besides its messages.
+//
+// A reasoning_effort reaches the template as vLLM's build_chat_params
+// (vllm/entrypoints/openai/chat_completion/protocol.py) passes it: as the
+// template variable reasoning_effort, over chat_template_kwargs' own, and as
+// enable_thinking = reasoning_effort != "none" unless chat_template_kwargs sets
+// enable_thinking. Qwen3's template then closes an empty think block for "none",
+// as enable_thinking=false does. The request's own map is never changed.
 func (r *ChatRequest) ChatOptions() tokenize.ChatOptions {
+	kwargs := r.ChatTemplateKwargs
+	if r.ReasoningEffort != nil {
+		kwargs = make(map[string]any, len(r.ChatTemplateKwargs)+2)
+		maps.Copy(kwargs, r.ChatTemplateKwargs)
+		kwargs["reasoning_effort"] = *r.ReasoningEffort
+		if _, set := r.ChatTemplateKwargs["enable_thinking"]; !set {
+			kwargs["enable_thinking"] = *r.ReasoningEffort != "none"
+		}
+	}
 	return tokenize.ChatOptions{
 		AddGenerationPrompt:  r.AddGenerationPrompt == nil || *r.AddGenerationPrompt,
 		ContinueFinalMessage: r.ContinueFinalMessage,
 		Tools:                r.Tools,
-		Kwargs:               r.ChatTemplateKwargs,
+		Kwargs:               kwargs,
 	}
 }
 
