@@ -150,14 +150,14 @@ type rawField struct {
 // UnmarshalJSON reads type and function and keeps any other member.
 func (t *Tool) UnmarshalJSON(data []byte) error {
 	*t = Tool{}
-	return eachMember(data, func(key string, value json.RawMessage) error {
+	return eachMember(data, func(key string, value []byte) error {
 		switch key {
 		case "type":
 			return json.Unmarshal(value, &t.Type)
 		case "function":
 			return json.Unmarshal(value, &t.Function)
 		}
-		t.extra = append(t.extra, rawField{key, value})
+		t.extra = append(t.extra, rawField{key, bytes.Clone(value)})
 		return nil
 	})
 }
@@ -165,7 +165,7 @@ func (t *Tool) UnmarshalJSON(data []byte) error {
 // UnmarshalJSON reads name, description and parameters and keeps any other member.
 func (f *FunctionDef) UnmarshalJSON(data []byte) error {
 	*f = FunctionDef{}
-	return eachMember(data, func(key string, value json.RawMessage) error {
+	return eachMember(data, func(key string, value []byte) error {
 		switch key {
 		case "name":
 			return json.Unmarshal(value, &f.Name)
@@ -180,40 +180,13 @@ func (f *FunctionDef) UnmarshalJSON(data []byte) error {
 			return nil
 		case "parameters":
 			if !isNull(value) {
-				f.Parameters = value
+				f.Parameters = bytes.Clone(value)
 			}
 			return nil
 		}
-		f.extra = append(f.extra, rawField{key, value})
+		f.extra = append(f.extra, rawField{key, bytes.Clone(value)})
 		return nil
 	})
-}
-
-// eachMember calls fn for every member of the JSON object data, in order.
-func eachMember(data []byte, fn func(key string, value json.RawMessage) error) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	tok, err := dec.Token()
-	if err != nil {
-		return err
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return fmt.Errorf("%w: want a JSON object, got %s", ErrInvalidMessages, bytes.TrimSpace(data))
-	}
-	for dec.More() {
-		key, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		var value json.RawMessage
-		if err := dec.Decode(&value); err != nil {
-			return err
-		}
-		if err := fn(key.(string), value); err != nil {
-			return err
-		}
-	}
-	_, err = dec.Token()
-	return err
 }
 
 // UnmarshalJSON accepts content as a string, null, or an array of parts, which vLLM
@@ -224,124 +197,132 @@ func eachMember(data []byte, fn func(key string, value json.RawMessage) error) e
 // string, null nor an object, or content of another JSON type, is an error
 // wrapping ErrInvalidMessages.
 func (m *Message) UnmarshalJSON(data []byte) error {
-	var raw struct {
-		Role       string          `json:"role"`
-		Content    content         `json:"content"`
-		Name       json.RawMessage `json:"name"`
-		ToolCalls  []ToolCall      `json:"tool_calls"`
-		ToolCallID *string         `json:"tool_call_id"`
-		Reasoning  *string         `json:"reasoning"`
-		// ReasoningContent is the older name of reasoning (see Message.Reasoning).
-		ReasoningContent *string `json:"reasoning_content"`
-		Tools            []Tool  `json:"tools"`
+	*m = Message{}
+	if string(data) == "null" {
+		return nil
 	}
-	if err := json.Unmarshal(data, &raw); err != nil {
+	var c content
+	var reasoningContent *string
+	err := eachMember(data, func(key string, value []byte) error {
+		switch key {
+		case "role":
+			return json.Unmarshal(value, &m.Role)
+		case "content":
+			return c.decode(value)
+		case "name":
+			// vLLM keeps name only when it is a string.
+			m.Name = ""
+			_ = json.Unmarshal(value, &m.Name)
+		case "tool_calls":
+			return json.Unmarshal(value, &m.ToolCalls)
+		case "tool_call_id":
+			return json.Unmarshal(value, &m.ToolCallID)
+		case "reasoning":
+			return json.Unmarshal(value, &m.Reasoning)
+		case "reasoning_content":
+			// The older name of reasoning (see Message.Reasoning).
+			return json.Unmarshal(value, &reasoningContent)
+		case "tools":
+			return json.Unmarshal(value, &m.Tools)
+		}
+		return nil
+	})
+	if err != nil {
 		return err
 	}
-	if raw.Reasoning == nil {
-		raw.Reasoning = raw.ReasoningContent
+	if m.Reasoning == nil {
+		m.Reasoning = reasoningContent
 	}
-	*m = Message{Role: raw.Role, Content: raw.Content.text, Media: raw.Content.media, ToolCalls: raw.ToolCalls, Reasoning: raw.Reasoning, Tools: raw.Tools}
-	if raw.ToolCallID != nil {
-		m.ToolCallID = *raw.ToolCallID
-	}
-	// vLLM keeps name only when it is a string.
-	_ = json.Unmarshal(raw.Name, &m.Name)
+	m.Content, m.Media = c.text, c.media
 	return nil
 }
 
-// content is a message's content, decoded where it lies in the body: encoding/json
-// hands UnmarshalJSON a slice of the body, and the parts are decoded from it in
-// place, so a media part's data (a base64 image of megabytes) is scanned but never
-// copied.
+// content is a message's content: the text of its text parts, and the types of
+// the others. It is walked where it lies in the body (jsonscan.go): a media
+// part's data is passed over, never copied.
 type content struct {
 	text  string
 	media []string
-}
-
-func (c *content) UnmarshalJSON(data []byte) error {
-	*c = content{}
-	switch data[0] { // encoding/json trims the value; it is never empty
-	case 'n':
-		return nil
-	case '"':
-		return json.Unmarshal(data, &c.text)
-	case '[':
-		var parts []contentPart
-		if err := json.Unmarshal(data, &parts); err != nil {
-			return err
-		}
-		texts := make([]string, 0, len(parts))
-		for i, p := range parts {
-			switch {
-			case p.err != nil:
-				return fmt.Errorf("content part %d: %w", i, p.err)
-			case p.media:
-				c.media = append(c.media, p.text)
-			case p.text != "":
-				texts = append(texts, p.text)
-			}
-		}
-		c.text = strings.Join(texts, "\n")
-		return nil
-	}
-	return fmt.Errorf("%w: content must be a string, null or an array of parts, got %.20s", ErrInvalidMessages, data)
 }
 
 // maxMediaType bounds the part type kept for a media part; the type names vLLM
 // knows are far shorter.
 const maxMediaType = 64
 
-// contentPart is one element of an array content: its text, or with media the
-// part's type (at most maxMediaType bytes of it). A part that cannot be read
-// keeps its error, which content reports with the part's index.
-type contentPart struct {
-	text  string
-	media bool
-	err   error
+func (c *content) decode(data []byte) error {
+	*c = content{}
+	switch data[0] { // a value from eachMember: never empty, never space first
+	case 'n':
+		return nil
+	case '"':
+		return json.Unmarshal(data, &c.text)
+	case '[':
+		var texts []string
+		err := eachElement(data, func(i int, part []byte) error {
+			text, media, err := partText(part)
+			switch {
+			case err != nil:
+				return fmt.Errorf("content part %d: %w", i, err)
+			case media:
+				c.media = append(c.media, text)
+			case text != "":
+				texts = append(texts, text)
+			}
+			return nil
+		})
+		c.text = strings.Join(texts, "\n")
+		return err
+	}
+	return fmt.Errorf("%w: content must be a string, null or an array of parts, got %.20s", ErrInvalidMessages, data)
 }
 
-func (p *contentPart) UnmarshalJSON(data []byte) error {
-	*p = contentPart{}
+// partText reads one element of an array content: a bare string or null (an
+// empty text) or an object, whose text it returns, or with media its type (at
+// most maxMediaType bytes of it). Members other than the type and the texts (an
+// image_url's data) are skipped, not decoded.
+func partText(data []byte) (text string, media bool, err error) {
 	if data[0] != '{' {
-		// A bare string is text; null is an empty text (skipped).
-		if err := json.Unmarshal(data, &p.text); err != nil {
-			p.err = fmt.Errorf("%w: a part must be a string or an object, got %.20s", ErrInvalidMessages, data)
+		if json.Unmarshal(data, &text) != nil {
+			return "", false, fmt.Errorf("%w: a part must be a string or an object, got %.20s", ErrInvalidMessages, data)
+		}
+		return text, false, nil
+	}
+	var typ string
+	var texts [3]*string // text, refusal, thinking
+	err = eachMember(data, func(key string, value []byte) error {
+		switch key {
+		case "type":
+			return json.Unmarshal(value, &typ)
+		case "text":
+			return json.Unmarshal(value, &texts[0])
+		case "refusal":
+			return json.Unmarshal(value, &texts[1])
+		case "thinking":
+			return json.Unmarshal(value, &texts[2])
 		}
 		return nil
+	})
+	if err != nil {
+		return "", false, fmt.Errorf("%w: %v", ErrInvalidMessages, err)
 	}
-	// Members other than these (an image_url's data) are skipped by the scanner,
-	// not copied.
-	var part struct {
-		Type     string  `json:"type"`
-		Text     *string `json:"text"`
-		Refusal  *string `json:"refusal"`
-		Thinking *string `json:"thinking"`
-	}
-	if err := json.Unmarshal(data, &part); err != nil {
-		p.err = fmt.Errorf("%w: %v", ErrInvalidMessages, err)
-		return nil
-	}
-	var text *string
-	switch part.Type {
+	var t *string
+	switch typ {
 	case "text", "input_text", "output_text":
-		text = part.Text
+		t = texts[0]
 	case "refusal":
-		text = part.Refusal
+		t = texts[1]
 	case "thinking":
-		text = part.Thinking
+		t = texts[2]
 	default:
-		p.media = true
-		p.text = part.Type
-		if len(p.text) > maxMediaType {
-			p.text = strings.Clone(p.text[:maxMediaType])
+		if len(typ) > maxMediaType {
+			typ = strings.Clone(typ[:maxMediaType])
 		}
-		return nil
+		return typ, true, nil
 	}
-	if text != nil {
-		p.text = *text
+	if t == nil {
+		return "", false, nil
 	}
-	return nil
+	return *t, false, nil
 }
 
 // textOnly refuses messages with media parts: their prompt is not text these
