@@ -9,7 +9,8 @@ For every case of ../chat/cases.json (OpenAI chat request fields) and every temp
 rendered with Llama 3's special tokens), it writes ../chat/golden_<template>.json:
 {"generator": ..., "cases": {case name: {"prompt": text} or {"error": message}}}.
 
-The request is turned into template inputs the way vLLM does (vllm/entrypoints/chat_utils.py:
+The request is turned into template inputs the way vLLM does (the request model's
+_normalize_messages_before: reasoning_content renamed reasoning; vllm/entrypoints/chat_utils.py:
 content parts joined with "\\n", null content as "", tool-call arguments parsed from JSON,
 empty tool_calls dropped, reasoning copied to reasoning_content; tools as pydantic's
 model_dump of vLLM's request models) and rendered the way transformers'
@@ -80,9 +81,22 @@ def tool_call_param(call):
     return {"id": call.get("id"), "function": {"arguments": call["function"].get("arguments"), "name": call["function"]["name"]}, "type": call.get("type", "function")}
 
 
-def conversation(messages):
+def normalize_messages(messages):
+    """The request model's validator: reasoning_content is renamed reasoning (which it
+    does not replace)."""
     out = []
     for m in messages:
+        m = dict(m)
+        reasoning_content = m.pop("reasoning_content", None)
+        if reasoning_content is not None and m.get("reasoning") is None:
+            m["reasoning"] = reasoning_content
+        out.append(m)
+    return out
+
+
+def conversation(messages):
+    out = []
+    for m in normalize_messages(messages):
         role = m["role"]
         msg = {"role": role, "content": parse_content(m.get("content"))}
         if role == "assistant":
