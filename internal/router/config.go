@@ -98,6 +98,10 @@ type Config struct {
 
 	Tokenizers         tokenize.Specs
 	TokenizeCacheBytes int64
+	// ChatTemplateContentFormat is vLLM's --chat-template-content-format: how chat
+	// templates receive message content (auto: detected from the template as vLLM
+	// does). It must be the engines' setting.
+	ChatTemplateContentFormat string
 
 	Policy      string
 	Mode        string
@@ -160,47 +164,48 @@ type Config struct {
 // DefaultConfig returns the defaults documented in --help.
 func DefaultConfig() Config {
 	return Config{
-		Listen:                   "127.0.0.1:8000",
-		EPP:                      DefaultEPPConfig(),
-		Kube:                     DefaultKubeConfig(),
-		IndexerTimeout:           20 * time.Millisecond,
-		IndexerRetryAfter:        time.Second,
-		Ledger:                   true,
-		LedgerInterval:           10 * time.Millisecond,
-		WorkersRefresh:           5 * time.Second,
-		BlockSize:                16,
-		TokenizeCacheBytes:       tokenize.DefaultCacheBytes,
-		Policy:                   PolicyKVAware,
-		Mode:                     ModeAuto,
-		Cost:                     CostDynamo,
-		PrefillScale:             8,
-		CreditHalfLife:           64,
-		SessionWeight:            0.25,
-		PredictedTTL:             5 * time.Second,
-		ApproxTTL:                2 * time.Minute,
-		OverlayMaxBlocks:         1 << 20,
-		SessionTTL:               30 * time.Minute,
-		RingVNodes:               160,
-		ExplicitKeyMaxLength:     128,
-		SystemSegmentMaxLength:   512,
-		DocumentSegmentMaxLength: 256,
-		ReservationTTL:           15 * time.Minute,
-		DefaultOutputTokens:      256,
-		ScrapeInterval:           time.Second,
-		BreakerFailureThreshold:  3,
-		BreakerCooldown:          5 * time.Second,
-		BreakerMaxCooldown:       60 * time.Second,
-		RequestMaxRetries:        1,
-		FirstByteTimeout:         60 * time.Second,
-		RequestIdleTimeout:       900 * time.Second,
-		QueueSize:                128,
-		QueueTimeout:             30 * time.Second,
-		MaxBodyBytes:             32 << 20,
-		BodyReadTimeout:          30 * time.Second,
-		ShutdownTimeout:          30 * time.Second,
-		ParityInterval:           5 * time.Minute,
-		LogLevel:                 "info",
-		LogFormat:                "text",
+		Listen:                    "127.0.0.1:8000",
+		EPP:                       DefaultEPPConfig(),
+		Kube:                      DefaultKubeConfig(),
+		IndexerTimeout:            20 * time.Millisecond,
+		IndexerRetryAfter:         time.Second,
+		Ledger:                    true,
+		LedgerInterval:            10 * time.Millisecond,
+		WorkersRefresh:            5 * time.Second,
+		BlockSize:                 16,
+		TokenizeCacheBytes:        tokenize.DefaultCacheBytes,
+		ChatTemplateContentFormat: string(tokenize.ContentFormatAuto),
+		Policy:                    PolicyKVAware,
+		Mode:                      ModeAuto,
+		Cost:                      CostDynamo,
+		PrefillScale:              8,
+		CreditHalfLife:            64,
+		SessionWeight:             0.25,
+		PredictedTTL:              5 * time.Second,
+		ApproxTTL:                 2 * time.Minute,
+		OverlayMaxBlocks:          1 << 20,
+		SessionTTL:                30 * time.Minute,
+		RingVNodes:                160,
+		ExplicitKeyMaxLength:      128,
+		SystemSegmentMaxLength:    512,
+		DocumentSegmentMaxLength:  256,
+		ReservationTTL:            15 * time.Minute,
+		DefaultOutputTokens:       256,
+		ScrapeInterval:            time.Second,
+		BreakerFailureThreshold:   3,
+		BreakerCooldown:           5 * time.Second,
+		BreakerMaxCooldown:        60 * time.Second,
+		RequestMaxRetries:         1,
+		FirstByteTimeout:          60 * time.Second,
+		RequestIdleTimeout:        900 * time.Second,
+		QueueSize:                 128,
+		QueueTimeout:              30 * time.Second,
+		MaxBodyBytes:              32 << 20,
+		BodyReadTimeout:           30 * time.Second,
+		ShutdownTimeout:           30 * time.Second,
+		ParityInterval:            5 * time.Minute,
+		LogLevel:                  "info",
+		LogFormat:                 "text",
 	}
 }
 
@@ -251,6 +256,8 @@ func (c *Config) Validate() error {
 		return invalid("--block-size=%d must be between 1 and %d", c.BlockSize, workerspec.MaxBlockSize)
 	case c.TokenizeCacheBytes < 0:
 		return invalid("--tokenize-cache-bytes=%d must not be negative", c.TokenizeCacheBytes)
+	case !slices.Contains(tokenize.ContentFormats, tokenize.ContentFormat(c.ChatTemplateContentFormat)):
+		return invalid("--chat-template-content-format=%q must be auto, string or openai", c.ChatTemplateContentFormat)
 	case !slices.Contains(Policies, c.Policy):
 		return invalid("--router-policy=%q must be one of %s", c.Policy, strings.Join(Policies, ", "))
 	case c.Mode != ModeAuto && c.Mode != ModeDirect:
@@ -357,6 +364,7 @@ func registerFlags(fs *flag.FlagSet, c *Config) {
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "tokens per KV block of workers whose spec gives no block-size (vLLM --block-size)")
 	fs.Var(&c.Tokenizers, "tokenizer", "`model=dir` of the model's Hugging Face tokenizer.json + tokenizer_config.json (repeatable; several in one value separated by ';', as the environment variable takes them); models without one use the built-in byte-level tokenizer (the fake engine's), which a real engine does not share: watch kvindex_router_token_parity")
 	fs.Int64Var(&c.TokenizeCacheBytes, "tokenize-cache-bytes", c.TokenizeCacheBytes, "memory budget of the tokenization cache (segments and prompt block keys)")
+	fs.StringVar(&c.ChatTemplateContentFormat, "chat-template-content-format", c.ChatTemplateContentFormat, "how chat templates receive message content, as vLLM's flag of the same name (give the engines' value): auto (detected from the template as vLLM does: a template that loops over message['content'] gets a list of text parts), string (text parts joined with \\n) or openai (a list of {\"type\": \"text\", \"text\": ...})")
 	fs.StringVar(&c.Policy, "router-policy", c.Policy, "routing policy: "+strings.Join(Policies, "|"))
 	fs.StringVar(&c.Mode, "router-mode", c.Mode, "auto: the policy picks; direct: dispatch to the x-worker-instance-id (and x-prefill-instance-id) header, the policy when absent")
 	fs.StringVar(&c.Cost, "router-cost", c.Cost, "kv-aware cost: dynamo (prefill_scale·max(active_prefill+prompt−credit·overlap, 0)+active_decode) or lmetric (uncached_prefill·(load+1))")

@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvindex/kvindex/internal/tokenize"
+	"github.com/kvindex/kvindex/internal/tokenize/tokenizetest"
 	"github.com/kvindex/kvindex/internal/workerspec"
 )
 
@@ -41,6 +45,7 @@ func TestConfigValidateNamesTheFlagAndTheBadValue(t *testing.T) {
 		{func(c *Config) { c.RequestIdleTimeout = -time.Second }, []string{"--request-idle-timeout", "-1s"}},
 		{func(c *Config) { c.BlockSize = 0 }, []string{"--block-size", "0"}},
 		{func(c *Config) { c.TokenizeCacheBytes = -1 }, []string{"--tokenize-cache-bytes", "-1"}},
+		{func(c *Config) { c.ChatTemplateContentFormat = "parts" }, []string{"--chat-template-content-format", "parts"}},
 		{func(c *Config) { c.Policy = "fastest" }, []string{"--router-policy", "fastest"}},
 		{func(c *Config) { c.Mode = "sideways" }, []string{"--router-mode", "sideways"}},
 		{func(c *Config) { c.Cost = "cheap" }, []string{"--router-cost", "cheap"}},
@@ -204,5 +209,47 @@ func TestHelpListsEveryFlag(t *testing.T) {
 	}
 	if n < 40 {
 		t.Fatalf("only %d flags registered", n)
+	}
+}
+
+// --chat-template-content-format (or its variable) reaches the tokenizers: with openai
+// a template gets content as a list of text parts, with auto one that never loops over
+// content gets it as a string, as vLLM gives them.
+func TestChatTemplateContentFormatReachesTheTokenizers(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		if err := os.Symlink(filepath.Join(tokenizetest.Dir(t), "qwen3", name), filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "chat_template.jinja"), []byte("{{ messages[0].content | tojson }}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{nil, nil, `"hi"`},
+		{[]string{"--chat-template-content-format", "openai"}, nil, `[{"type": "text", "text": "hi"}]`},
+		{nil, map[string]string{"KVINDEX_ROUTER_CHAT_TEMPLATE_CONTENT_FORMAT": "openai"}, `[{"type": "text", "text": "hi"}]`},
+	} {
+		cfg, err := ParseFlags(append([]string{"--tokenizer", "m=" + dir}, tt.args...), &bytes.Buffer{}, envOf(tt.env))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := New(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, err := r.tokenizers.Lookup("m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tok.ApplyChatTemplate([]tokenize.Message{{Role: "user", Content: "hi"}}, tokenize.ChatOptions{})
+		r.close()
+		if err != nil || got != tt.want {
+			t.Errorf("args %v env %v: rendered %q, %v; want %q", tt.args, tt.env, got, err, tt.want)
+		}
 	}
 }

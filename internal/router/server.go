@@ -79,7 +79,8 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		return nil, err
 	}
 	tokenizers := tokenize.NewRegistry()
-	if err := tokenizers.LoadAll(cfg.Tokenizers, tokenize.Options{Cache: tcache}); err != nil {
+	opts := tokenize.Options{Cache: tcache, ContentFormat: tokenize.ContentFormat(cfg.ChatTemplateContentFormat)}
+	if err := tokenizers.LoadAll(cfg.Tokenizers, opts); err != nil {
 		tcache.Close()
 		return nil, err
 	}

@@ -12,17 +12,14 @@ import (
 
 // Chat templates are Jinja2 programs shipped in tokenizer_config.json (or
 // chat_template.jinja). They are rendered the way vLLM does it: vLLM turns the request's
-// messages into a "conversation" (below: conversationValue) and calls transformers'
+// messages into a "conversation" (below: conversationValue), with each message's content
+// in the template's content format (contentformat.go), and calls transformers'
 // apply_chat_template, which renders with Jinja2 (trim_blocks, lstrip_blocks, a tojson
 // filter that is Python's json.dumps, raise_exception) and the special tokens of
 // tokenizer_config.json as variables. github.com/ardanlabs/jinja executes the template;
 // it renders Qwen3's and Llama 3's templates byte for byte like Jinja2 (the golden tests
-// compare with Jinja2's output) once tojson is transformers' own, which we substitute.
-
-// tojsonName is what the template's tojson filter is renamed to: the engine looks a
-// filter up among its built-ins first and in the render data only for unknown names,
-// so the rename routes tojson to tojsonFilter.
-const tojsonName = "kvindex_tojson"
+// compare with Jinja2's output) once tojson is transformers' own, which we substitute
+// (templatesrc.go, pybuiltins.go).
 
 // tokenizerConfig is what tokenizer_config.json contributes.
 type tokenizerConfig struct {
@@ -116,12 +113,21 @@ func tokenContent(raw json.RawMessage) (*string, error) {
 
 // chatTemplate holds the compiled templates and the variables every render gets.
 type chatTemplate struct {
-	templates map[string]*jinja.Template
-	// base are the special-token variables.
+	templates map[string]compiledTemplate
+	// base are the special-token variables and our Python built-ins (pybuiltins.go).
 	base map[string]jinja.Value
 }
 
-func newChatTemplate(cfg *tokenizerConfig, jinjaFile []byte) (*chatTemplate, error) {
+// compiledTemplate is one template with the content format it is rendered with.
+type compiledTemplate struct {
+	*jinja.Template
+	format ContentFormat
+}
+
+// newChatTemplate compiles the templates of cfg, or jinjaFile (chat_template.jinja)
+// when given, and settles each one's content format (format, or the detected one when
+// format is auto).
+func newChatTemplate(cfg *tokenizerConfig, jinjaFile []byte, format ContentFormat) (*chatTemplate, error) {
 	sources := cfg.templates
 	if len(jinjaFile) > 0 {
 		sources = map[string]string{"default": string(jinjaFile)}
@@ -129,13 +135,22 @@ func newChatTemplate(cfg *tokenizerConfig, jinjaFile []byte) (*chatTemplate, err
 	if len(sources) == 0 {
 		return nil, nil
 	}
-	ct := &chatTemplate{templates: map[string]*jinja.Template{}, base: map[string]jinja.Value{}}
+	ct := &chatTemplate{templates: map[string]compiledTemplate{}, base: pyBuiltins()}
 	for name, src := range sources {
-		tmpl, err := jinja.Compile(renameFilter(jinjaLines(src), "tojson", tojsonName))
+		src = jinjaLines(src)
+		tags, err := scanTags(src)
 		if err != nil {
 			return nil, fmt.Errorf("%w: chat template %q: %v", ErrNotSupported, name, err)
 		}
-		ct.templates[name] = tmpl
+		resolved, err := format.resolve(tags)
+		if err != nil {
+			return nil, fmt.Errorf("chat template %q: %w", name, err)
+		}
+		tmpl, err := jinja.Compile(rewriteTemplate(src, tags))
+		if err != nil {
+			return nil, fmt.Errorf("%w: chat template %q: %v", ErrNotSupported, name, err)
+		}
+		ct.templates[name] = compiledTemplate{Template: tmpl, format: resolved}
 	}
 	for name, tok := range cfg.special {
 		ct.base[name] = jinja.NewString(*tok)
@@ -147,13 +162,12 @@ func newChatTemplate(cfg *tokenizerConfig, jinjaFile []byte) (*chatTemplate, err
 		}
 		ct.base["additional_special_tokens"] = jinja.NewList(items)
 	}
-	ct.base[tojsonName] = jinja.NewCallable(tojsonName, tojsonFilter)
 	return ct, nil
 }
 
 // pick chooses the template as transformers does: a template named "tool_use" when
 // tools are given and there is one, else "default".
-func (ct *chatTemplate) pick(withTools bool) (*jinja.Template, error) {
+func (ct *chatTemplate) pick(withTools bool) (compiledTemplate, error) {
 	if withTools {
 		if t, ok := ct.templates["tool_use"]; ok {
 			return t, nil
@@ -167,7 +181,7 @@ func (ct *chatTemplate) pick(withTools bool) (*jinja.Template, error) {
 			return t, nil
 		}
 	}
-	return nil, fmt.Errorf("%w: no default chat template among the named ones", ErrNotSupported)
+	return compiledTemplate{}, fmt.Errorf("%w: no default chat template among the named ones", ErrNotSupported)
 }
 
 // reservedTemplateVars are set by apply_chat_template itself; kwargs cannot replace them.
@@ -199,9 +213,7 @@ func (t *HFTokenizer) ApplyChatTemplate(messages []Message, opts ChatOptions) (s
 			data[k] = goValue(v)
 		}
 	}
-	if data["messages"], err = conversationValue(messages); err != nil {
-		return "", err
-	}
+	data["messages"] = conversationValue(messages, tmpl.format)
 	data["tools"] = jinja.None()
 	if opts.Tools != nil {
 		data["tools"] = toolsValue(opts.Tools)
@@ -213,7 +225,7 @@ func (t *HFTokenizer) ApplyChatTemplate(messages []Message, opts ChatOptions) (s
 		return "", fmt.Errorf("%w: chat template of %q: %v", ErrInvalidMessages, t.model, err)
 	}
 	if opts.ContinueFinalMessage {
-		return continueFinalMessage(out, messages)
+		return continueFinalMessage(out, messages, tmpl.format)
 	}
 	return out, nil
 }
@@ -221,12 +233,25 @@ func (t *HFTokenizer) ApplyChatTemplate(messages []Message, opts ChatOptions) (s
 // continueFinalMessage cuts the rendered chat after the final message's content, as
 // transformers does for continue_final_message, so the model continues that message:
 // after the content with its trailing whitespace when the template kept it verbatim,
-// else after the stripped content.
-func continueFinalMessage(rendered string, messages []Message) (string, error) {
+// else after the stripped content. Content given as parts is continued after its last
+// part.
+func continueFinalMessage(rendered string, messages []Message, format ContentFormat) (string, error) {
 	if len(messages) == 0 {
 		return "", fmt.Errorf("%w: continue_final_message needs a final message", ErrInvalidMessages)
 	}
-	final := messages[len(messages)-1].Content
+	final := messages[len(messages)-1].templateContent(format)
+	if final.IsList() {
+		parts := final.AsList().Items
+		if len(parts) == 0 {
+			return "", fmt.Errorf("%w: continue_final_message: the final message has no text to continue", ErrInvalidMessages)
+		}
+		final, _ = parts[len(parts)-1].AsDict().Get("text")
+	}
+	return cutAfter(rendered, final.AsString())
+}
+
+// cutAfter is transformers' cut after the final message's text.
+func cutAfter(rendered, final string) (string, error) {
 	trimmed := strings.TrimFunc(final, pyIsSpace)
 	loc := strings.LastIndex(rendered, trimmed)
 	if loc < 0 {
@@ -244,17 +269,18 @@ func continueFinalMessage(rendered string, messages []Message) (string, error) {
 // information separators U+001C..U+001F.
 func pyIsSpace(r rune) bool { return unicode.IsSpace(r) || (r >= 0x1c && r <= 0x1f) }
 
-// conversationValue is vLLM's conversation: per message role and content, then (for
-// an assistant) tool_calls with arguments parsed into objects and reasoning as both
-// reasoning and reasoning_content, (for a tool) tool_call_id, the name, and (for a
-// developer) its tools. Keys are in vLLM's order, which tojson shows.
-func conversationValue(messages []Message) (jinja.Value, error) {
+// conversationValue is vLLM's conversation: per message role and content (in the
+// template's content format), then (for an assistant) tool_calls with arguments parsed
+// into objects and reasoning as both reasoning and reasoning_content, (for a tool)
+// tool_call_id, the name, and (for a developer) its tools. Keys are in vLLM's order,
+// which tojson shows.
+func conversationValue(messages []Message, format ContentFormat) jinja.Value {
 	items := make([]jinja.Value, len(messages))
 	for i, m := range messages {
 		d := jinja.NewDict()
 		msg := d.AsDict()
 		msg.Set("role", jinja.NewString(m.Role))
-		msg.Set("content", jinja.NewString(m.Content))
+		msg.Set("content", m.templateContent(format))
 		switch m.Role {
 		case "assistant":
 			if len(m.ToolCalls) > 0 {
@@ -285,7 +311,30 @@ func conversationValue(messages []Message) (jinja.Value, error) {
 		}
 		items[i] = d
 	}
-	return jinja.NewList(items), nil
+	return jinja.NewList(items)
+}
+
+// templateContent is the message's content as vLLM passes it to a template of the
+// format: the joined string (ContentFormatString); or the list of text parts
+// ({"type": "text", "text": ...}, a string content being one part), except for a tool
+// message, whose parts vLLM joins with "\n" again, empty ones included (vLLM PR
+// #39899, 2026: most templates take a tool result as a string only).
+func (m Message) templateContent(format ContentFormat) jinja.Value {
+	if format != ContentFormatOpenAI {
+		return jinja.NewString(m.Content)
+	}
+	texts := m.textParts()
+	if m.Role == "tool" {
+		return jinja.NewString(strings.Join(texts, "\n"))
+	}
+	parts := make([]jinja.Value, len(texts))
+	for i, text := range texts {
+		part := jinja.NewDict()
+		part.AsDict().Set("type", jinja.NewString("text"))
+		part.AsDict().Set("text", jinja.NewString(text))
+		parts[i] = part
+	}
+	return jinja.NewList(parts)
 }
 
 // toolCallValue is a tool call as vLLM's request model holds it: id, function
@@ -378,91 +427,4 @@ func jinjaLines(src string) string {
 		i += w
 	}
 	return strings.TrimSuffix(sb.String(), "\n")
-}
-
-// renameFilter rewrites "| name" to "| newName" inside the template's {{ }} and {% %}
-// tags, outside string literals.
-func renameFilter(src, name, newName string) string {
-	var sb strings.Builder
-	sb.Grow(len(src))
-	for i := 0; i < len(src); {
-		open := strings.Index(src[i:], "{")
-		if open < 0 || i+open+1 >= len(src) {
-			sb.WriteString(src[i:])
-			break
-		}
-		open += i
-		kind := src[open+1]
-		if kind != '{' && kind != '%' && kind != '#' {
-			sb.WriteString(src[i : open+1])
-			i = open + 1
-			continue
-		}
-		sb.WriteString(src[i : open+2])
-		i = open + 2
-		if kind == '#' {
-			end := strings.Index(src[i:], "#}")
-			if end < 0 {
-				sb.WriteString(src[i:])
-				break
-			}
-			sb.WriteString(src[i : i+end+2])
-			i += end + 2
-			continue
-		}
-		closer := "}}"
-		if kind == '%' {
-			closer = "%}"
-		}
-		i = renameInTag(&sb, src, i, closer, name, newName)
-	}
-	return sb.String()
-}
-
-// renameInTag copies one tag's inside from src[i:] through its closer, renaming the
-// filter, and returns the index after the closer.
-func renameInTag(sb *strings.Builder, src string, i int, closer, name, newName string) int {
-	var quote byte
-	for i < len(src) {
-		c := src[i]
-		switch {
-		case quote != 0:
-			sb.WriteByte(c)
-			if c == '\\' && i+1 < len(src) {
-				sb.WriteByte(src[i+1])
-				i++
-			} else if c == quote {
-				quote = 0
-			}
-			i++
-		case c == '\'' || c == '"':
-			quote = c
-			sb.WriteByte(c)
-			i++
-		case strings.HasPrefix(src[i:], closer):
-			sb.WriteString(closer)
-			return i + len(closer)
-		case c == '|':
-			sb.WriteByte(c)
-			i++
-			j := i
-			for j < len(src) && (src[j] == ' ' || src[j] == '\t' || src[j] == '\n' || src[j] == '\r') {
-				j++
-			}
-			end := j + len(name)
-			if strings.HasPrefix(src[j:], name) && (end == len(src) || !isIdentByte(src[end])) {
-				sb.WriteString(src[i:j])
-				sb.WriteString(newName)
-				i = end
-			}
-		default:
-			sb.WriteByte(c)
-			i++
-		}
-	}
-	return i
-}
-
-func isIdentByte(c byte) bool {
-	return c == '_' || (c >= '0' && c <= '9') || isASCIILetter(c)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -49,14 +50,18 @@ func (c chatCase) request(t testing.TB) ([]Message, ChatOptions) {
 	return msgs, opts
 }
 
+// testTemplates are the templates written for the tests (testdata/chat/<name>.jinja),
+// rendered with Llama 3's special tokens.
+var testTemplates = []string{"features", "parts"}
+
 // chatTemplateTokenizer returns the tokenizer whose template a golden file was rendered
-// with: Qwen3's and Llama 3's own, and features.jinja with Llama 3's special tokens.
+// with: Qwen3's and Llama 3's own, or a test template with Llama 3's special tokens.
 func chatTemplateTokenizer(t testing.TB, template string) *HFTokenizer {
 	t.Helper()
-	if template != "features" {
+	if !slices.Contains(testTemplates, template) {
 		return variantTokenizer(t, template)
 	}
-	src, err := os.ReadFile(filepath.Join("testdata", "chat", "features.jinja"))
+	src, err := os.ReadFile(filepath.Join("testdata", "chat", template+".jinja"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +88,7 @@ func TestChatTemplatesMatchJinja2(t *testing.T) {
 	if len(cases) < 20 {
 		t.Fatalf("%d chat cases, want >= 20", len(cases))
 	}
-	for _, template := range []string{"qwen3", "llama3", "features"} {
+	for _, template := range append([]string{"qwen3", "llama3"}, testTemplates...) {
 		t.Run(template, func(t *testing.T) {
 			tok := chatTemplateTokenizer(t, template)
 			data, err := os.ReadFile(filepath.Join("testdata", "chat", "golden_"+template+".json"))
@@ -91,13 +96,17 @@ func TestChatTemplatesMatchJinja2(t *testing.T) {
 				t.Fatal(err)
 			}
 			var golden struct {
-				Cases map[string]struct {
+				ContentFormat ContentFormat `json:"content_format"`
+				Cases         map[string]struct {
 					Prompt *string `json:"prompt"`
 					Error  *string `json:"error"`
 				} `json:"cases"`
 			}
 			if err := json.Unmarshal(data, &golden); err != nil {
 				t.Fatal(err)
+			}
+			if got := tok.chat.templates["default"].format; got != golden.ContentFormat {
+				t.Errorf("content format %q, the generator's (vLLM's rules on Jinja2's syntax tree) %q", got, golden.ContentFormat)
 			}
 			for _, c := range cases {
 				want, ok := golden.Cases[c.Name]
@@ -159,19 +168,37 @@ func TestTokenizerWithoutChatTemplateRefusesChat(t *testing.T) {
 	}
 }
 
-func TestRenameFilterOnlyTouchesFilterPositions(t *testing.T) {
+// rewriteTemplate renames the tojson filter to ours and touches nothing else: not
+// text, comments, raw blocks, string literals or other names.
+func TestRewriteTemplate(t *testing.T) {
 	tests := []struct{ in, want string }{
-		{"{{ x | tojson }}", "{{ x | " + tojsonName + " }}"},
-		{"{{x|tojson(indent=2)}}", "{{x|" + tojsonName + "(indent=2)}}"},
-		{"{%- set y = x|tojson -%}", "{%- set y = x|" + tojsonName + " -%}"},
+		{"{{ x | tojson }}", "{{ x | kvindex_tojson }}"},
+		{"{{x|tojson(indent=2)}}", "{{x|kvindex_tojson(indent=2)}}"},
+		{"{%- set y = x|tojson -%}", "{%- set y = x|kvindex_tojson -%}"},
 		{"text | tojson {{ 'a|tojson' }}", "text | tojson {{ 'a|tojson' }}"},
-		{"{# x | tojson #}{{ \"|tojson\" | tojson }}", "{# x | tojson #}{{ \"|tojson\" | " + tojsonName + " }}"},
-		{"{{ x | tojsonish }}", "{{ x | tojsonish }}"},
+		{"{# x | tojson #}{{- \"|tojson\" | tojson -}}", "{# x | tojson #}{{- \"|tojson\" | kvindex_tojson -}}"},
+		{"{% if x | tojsonish %}{% endif %}{{ tojson(x) }}", "{% if x | tojsonish %}{% endif %}{{ tojson(x) }}"},
 		{"{ not a tag | tojson }", "{ not a tag | tojson }"},
+		{"{% raw %}{{ x | tojson }}{% endraw %}{% set y = z|tojson %}", "{% raw %}{{ x | tojson }}{% endraw %}{% set y = z|kvindex_tojson %}"},
+		{"{% filter tojson %}x{% endfilter %}", "{% filter kvindex_tojson %}x{% endfilter %}"},
+		{"{{ {'a': x|tojson} }}", "{{ {'a': x|kvindex_tojson} }}"},
 	}
 	for _, tt := range tests {
-		if got := renameFilter(tt.in, "tojson", tojsonName); got != tt.want {
-			t.Errorf("renameFilter(%q) = %q, want %q", tt.in, got, tt.want)
+		tags, err := scanTags(tt.in)
+		if err != nil {
+			t.Fatalf("scanTags(%q): %v", tt.in, err)
+		}
+		if got := rewriteTemplate(tt.in, tags); got != tt.want {
+			t.Errorf("rewriteTemplate(%q)\n = %q\nwant %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+// Sources Jinja2's lexer refuses are refused.
+func TestScanTagsRefusesWhatJinja2Refuses(t *testing.T) {
+	for _, src := range []string{"{{ x ", "{% if x %", "{# note", "{% raw %}x", "{{ (x }}", "{{ x] }}", "{{ 'open }}", "{{ x ! y }}"} {
+		if _, err := scanTags(src); err == nil {
+			t.Errorf("scanTags(%q) accepted it", src)
 		}
 	}
 }

@@ -9,9 +9,11 @@
 //     DeepSeek-V3 and alike) with the chat template of tokenizer_config.json. Encode
 //     gives the ids Hugging Face's tokenizers library gives (golden tests against its
 //     output on the real Qwen3 and Llama 3 files); ApplyChatTemplate renders a chat
-//     request as vLLM does (its message pre-processing, then transformers'
-//     apply_chat_template semantics through github.com/ardanlabs/jinja, golden tests
-//     against Jinja2). As in vLLM, chat prompts are encoded with addSpecialTokens false
+//     request as vLLM does (its message pre-processing, with content in the
+//     template's ContentFormat, detected from the template's source as vLLM does or
+//     set by Options; then transformers' apply_chat_template semantics through
+//     github.com/ardanlabs/jinja, with transformers' tojson; golden tests against
+//     Jinja2). As in vLLM, chat prompts are encoded with addSpecialTokens false
 //     and /v1/completions prompts with true. Files using anything else (another
 //     model type, normalizer, pre-tokenizer, decoder) are refused with ErrNotSupported
 //     rather than encoded differently.

@@ -53,7 +53,9 @@ type hfModel struct {
 	tokenOffsets []uint32
 	tokenKinds   []uint8
 	config       *tokenizerConfig
-	chat         *chatTemplate
+	// contentFormat is Options.ContentFormat, which WithChatTemplate applies too.
+	contentFormat ContentFormat
+	chat          *chatTemplate
 }
 
 var _ Tokenizer = (*HFTokenizer)(nil)
@@ -69,6 +71,9 @@ type Options struct {
 	// Cache, when set, memoizes the ids of text segments (the text between added
 	// tokens, such as one chat message) under the tokenizer's model name.
 	Cache *Cache
+	// ContentFormat is how chat templates receive message content (vLLM's
+	// --chat-template-content-format); empty is ContentFormatAuto.
+	ContentFormat ContentFormat
 }
 
 // HFFiles are the Hugging Face files a tokenizer is built from.
@@ -120,7 +125,7 @@ func NewHFTokenizer(model string, files HFFiles, opts Options) (*HFTokenizer, er
 	if err != nil {
 		return nil, err
 	}
-	t := &hfModel{model: model, config: cfg}
+	t := &hfModel{model: model, config: cfg, contentFormat: opts.ContentFormat}
 	if t.nfc, err = parseNormalizer(tf.Normalizer); err != nil {
 		return nil, err
 	}
@@ -144,7 +149,7 @@ func NewHFTokenizer(model string, files HFFiles, opts Options) (*HFTokenizer, er
 	if err := t.applyConfigPostProcessor(cfg); err != nil {
 		return nil, err
 	}
-	if t.chat, err = newChatTemplate(cfg, files.ChatTemplate); err != nil {
+	if t.chat, err = newChatTemplate(cfg, files.ChatTemplate, opts.ContentFormat); err != nil {
 		return nil, err
 	}
 	return newHFTokenizer(t, opts.Cache), nil
@@ -166,7 +171,7 @@ func (t *HFTokenizer) WithCache(cache *Cache) *HFTokenizer {
 // the given Jinja source instead of the file's template (as vLLM's --chat-template
 // does). A template that does not compile is an error wrapping ErrNotSupported.
 func (t *HFTokenizer) WithChatTemplate(source string) (*HFTokenizer, error) {
-	chat, err := newChatTemplate(t.config, []byte(source))
+	chat, err := newChatTemplate(t.config, []byte(source), t.contentFormat)
 	if err != nil {
 		return nil, err
 	}

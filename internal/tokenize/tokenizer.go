@@ -60,8 +60,9 @@ type ChatOptions struct {
 	Kwargs map[string]any
 }
 
-// Message is one OpenAI chat message, with content already in the form vLLM passes to
-// text-only chat templates (see UnmarshalJSON).
+// Message is one OpenAI chat message. Content is in the form vLLM passes to templates
+// that take content as a string; templates that take it as a list of parts (see
+// ContentFormat) get the parts of content given as an array (see UnmarshalJSON).
 type Message struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
@@ -84,6 +85,19 @@ type Message struct {
 	Reasoning *string `json:"reasoning,omitempty"`
 	// Tools are the functions a "developer" message offers.
 	Tools []Tool `json:"tools,omitempty"`
+	// parts are the texts of content given as an array of parts (or null: no parts),
+	// in order, empty ones included; partsGiven tells such content from a string
+	// content, which is one part.
+	parts      []string
+	partsGiven bool
+}
+
+// textParts are the texts of the content's text parts.
+func (m Message) textParts() []string {
+	if m.partsGiven {
+		return m.parts
+	}
+	return []string{m.Content}
 }
 
 // ToolCall is a function call an assistant message made.
@@ -189,13 +203,15 @@ func (f *FunctionDef) UnmarshalJSON(data []byte) error {
 	})
 }
 
-// UnmarshalJSON accepts content as a string, null, or an array of parts, which vLLM
-// joins with "\n" for text-only templates: text parts (also input_text, output_text),
-// refusal and thinking parts and bare strings contribute their text, and empty texts
-// are skipped. Any other part (an object of another type: image_url, input_audio,
-// ...) is kept in Media by its type. Null content is "". A part that is neither a
-// string, null nor an object, or content of another JSON type, is an error
-// wrapping ErrInvalidMessages.
+// UnmarshalJSON accepts content as a string, null, or an array of parts: text parts
+// (also input_text, output_text), refusal and thinking parts and bare strings
+// contribute their text (a part whose text is null is skipped, as vLLM does).
+// Content is the texts joined with "\n", empty ones skipped (vLLM's string content
+// format), "" for null content; the texts themselves, empty ones included, are kept
+// for templates that take content as parts. Any other part (an object of another
+// type: image_url, input_audio, ...) is kept in Media by its type. A part that is
+// neither a string, null nor an object, or content of another JSON type, is an
+// error wrapping ErrInvalidMessages.
 func (m *Message) UnmarshalJSON(data []byte) error {
 	*m = Message{}
 	if string(data) == "null" {
@@ -233,7 +249,7 @@ func (m *Message) UnmarshalJSON(data []byte) error {
 	if m.Reasoning == nil {
 		m.Reasoning = reasoningContent
 	}
-	m.Content, m.Media = c.text, c.media
+	m.Content, m.Media, m.parts, m.partsGiven = c.text, c.media, c.parts, c.partsGiven
 	return nil
 }
 
@@ -243,6 +259,9 @@ func (m *Message) UnmarshalJSON(data []byte) error {
 type content struct {
 	text  string
 	media []string
+	// parts and partsGiven are Message's.
+	parts      []string
+	partsGiven bool
 }
 
 // maxMediaType bounds the part type kept for a media part; the type names vLLM
@@ -253,20 +272,25 @@ func (c *content) decode(data []byte) error {
 	*c = content{}
 	switch data[0] { // a value from eachMember: never empty, never space first
 	case 'n':
+		c.partsGiven = true
 		return nil
 	case '"':
 		return json.Unmarshal(data, &c.text)
 	case '[':
+		c.partsGiven = true
 		var texts []string
 		err := eachElement(data, func(i int, part []byte) error {
-			text, media, err := partText(part)
+			text, kind, err := partText(part)
 			switch {
 			case err != nil:
 				return fmt.Errorf("content part %d: %w", i, err)
-			case media:
+			case kind == mediaPart:
 				c.media = append(c.media, text)
-			case text != "":
-				texts = append(texts, text)
+			case kind == textPart:
+				c.parts = append(c.parts, text)
+				if text != "" {
+					texts = append(texts, text)
+				}
 			}
 			return nil
 		})
@@ -276,16 +300,29 @@ func (c *content) decode(data []byte) error {
 	return fmt.Errorf("%w: content must be a string, null or an array of parts, got %.20s", ErrInvalidMessages, data)
 }
 
-// partText reads one element of an array content: a bare string or null (an
-// empty text) or an object, whose text it returns, or with media its type (at
-// most maxMediaType bytes of it). Members other than the type and the texts (an
-// image_url's data) are skipped, not decoded.
-func partText(data []byte) (text string, media bool, err error) {
+// partKind tells what partText read.
+type partKind uint8
+
+const (
+	textPart  partKind = iota
+	emptyPart          // null, or a text part whose text is null or absent
+	mediaPart
+)
+
+// partText reads one element of an array content: a bare string, null, or an
+// object, whose text it returns, or with media its type (at most maxMediaType
+// bytes of it). Members other than the type and the texts (an image_url's data)
+// are skipped, not decoded.
+func partText(data []byte) (text string, kind partKind, err error) {
 	if data[0] != '{' {
-		if json.Unmarshal(data, &text) != nil {
-			return "", false, fmt.Errorf("%w: a part must be a string or an object, got %.20s", ErrInvalidMessages, data)
+		var s *string
+		if json.Unmarshal(data, &s) != nil {
+			return "", 0, fmt.Errorf("%w: a part must be a string or an object, got %.20s", ErrInvalidMessages, data)
 		}
-		return text, false, nil
+		if s == nil {
+			return "", emptyPart, nil
+		}
+		return *s, textPart, nil
 	}
 	var typ string
 	var texts [3]*string // text, refusal, thinking
@@ -303,7 +340,7 @@ func partText(data []byte) (text string, media bool, err error) {
 		return nil
 	})
 	if err != nil {
-		return "", false, fmt.Errorf("%w: %v", ErrInvalidMessages, err)
+		return "", 0, fmt.Errorf("%w: %v", ErrInvalidMessages, err)
 	}
 	var t *string
 	switch typ {
@@ -317,12 +354,12 @@ func partText(data []byte) (text string, media bool, err error) {
 		if len(typ) > maxMediaType {
 			typ = strings.Clone(typ[:maxMediaType])
 		}
-		return typ, true, nil
+		return typ, mediaPart, nil
 	}
 	if t == nil {
-		return "", false, nil
+		return "", emptyPart, nil
 	}
-	return *t, false, nil
+	return *t, textPart, nil
 }
 
 // textOnly refuses messages with media parts: their prompt is not text these

@@ -1,0 +1,323 @@
+package tokenize
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Before ardanlabs/jinja compiles a chat template, its source is read the way Jinja2's
+// lexer reads it: scanTags finds the {{ }} and {% %} tags (comments and raw blocks are
+// text) and splits each tag's inside into tokens. The tokens serve two readers: the
+// content-format detection (contentformat.go), which parses {% for %} and {% set %}
+// statements as vLLM does with Jinja2's parser, and rewriteTemplate, which reroutes the
+// filters whose Python semantics the engine lacks to our own implementations
+// (pybuiltins.go).
+
+type tokKind uint8
+
+const (
+	tokName tokKind = iota + 1
+	tokString
+	tokNumber
+	tokOp
+)
+
+// token is one lexeme of a tag: a name (keywords such as "in" and "not" included, as in
+// Jinja2), a string literal, a number or an operator.
+type token struct {
+	kind tokKind
+	// text is the token's source text, quotes included for a string.
+	text string
+	// pos and end are its byte offsets in the template source.
+	pos, end int
+}
+
+func (t token) is(kind tokKind, text string) bool { return t.kind == kind && t.text == text }
+
+// tag is one {{ }} or {% %} tag.
+type tag struct {
+	// block is true for {% %}.
+	block bool
+	toks  []token
+}
+
+// rawBlockStart and rawBlockEnd are Jinja2's {% raw %} and {% endraw %} (matched after
+// the "{%"), whose inside is text.
+var (
+	rawBlockStart = regexp.MustCompile(`^[-+]?\s*raw\s*(?:-%\}|%\})`)
+	rawBlockEnd   = regexp.MustCompile(`\{%[-+]?\s*endraw\s*[-+]?%\}`)
+)
+
+// scanTags returns the tags of a template source in order. A source Jinja2's lexer
+// refuses (an unclosed tag, comment or raw block, an unbalanced bracket, a character
+// that starts no token) is an error.
+func scanTags(src string) ([]tag, error) {
+	var tags []tag
+	for i := 0; ; {
+		open := tagOpen(src, i)
+		if open < 0 {
+			return tags, nil
+		}
+		inner := open + 2
+		switch src[open+1] {
+		case '#':
+			end := strings.Index(src[inner:], "#}")
+			if end < 0 {
+				return nil, fmt.Errorf("comment at byte %d is not closed", open)
+			}
+			i = inner + end + 2
+			continue
+		case '%':
+			if m := rawBlockStart.FindStringIndex(src[inner:]); m != nil {
+				end := rawBlockEnd.FindStringIndex(src[inner+m[1]:])
+				if end == nil {
+					return nil, fmt.Errorf("raw block at byte %d is not closed", open)
+				}
+				i = inner + m[1] + end[1]
+				continue
+			}
+		}
+		if inner < len(src) && (src[inner] == '-' || src[inner] == '+') {
+			inner++
+		}
+		t, next, err := lexTag(src, inner, src[open+1] == '%')
+		if err != nil {
+			return nil, fmt.Errorf("tag at byte %d: %w", open, err)
+		}
+		tags = append(tags, t)
+		i = next
+	}
+}
+
+// tagOpen is the offset of the first "{{", "{%" or "{#" at or after i, or -1.
+func tagOpen(src string, i int) int {
+	for {
+		j := strings.IndexByte(src[i:], '{')
+		if j < 0 || i+j+1 >= len(src) {
+			return -1
+		}
+		i += j
+		if c := src[i+1]; c == '{' || c == '%' || c == '#' {
+			return i
+		}
+		i++
+	}
+}
+
+// closers pairs each closing bracket with its opening one.
+var closers = map[string]string{")": "(", "]": "[", "}": "{"}
+
+// lexTag reads the tokens of the tag whose inside starts at i, up to its end ("}}" or
+// "%}", optionally after "-", or "+%}") outside brackets, and returns the tag and the
+// offset after its end.
+func lexTag(src string, i int, block bool) (tag, int, error) {
+	t := tag{block: block}
+	var open []string
+	for {
+		for i < len(src) {
+			r, w := utf8.DecodeRuneInString(src[i:])
+			if !pyIsSpace(r) {
+				break
+			}
+			i += w
+		}
+		if i >= len(src) {
+			return t, 0, fmt.Errorf("not closed")
+		}
+		if len(open) == 0 {
+			rest := src[i:]
+			if block {
+				for _, end := range []string{"%}", "-%}", "+%}"} {
+					if strings.HasPrefix(rest, end) {
+						return t, i + len(end), nil
+					}
+				}
+			} else if strings.HasPrefix(rest, "}}") || strings.HasPrefix(rest, "-}}") {
+				return t, i + strings.Index(rest, "}}") + 2, nil
+			}
+		}
+		tok, err := lexToken(src, i)
+		if err != nil {
+			return t, 0, err
+		}
+		if tok.kind == tokOp {
+			switch tok.text {
+			case "(", "[", "{":
+				open = append(open, tok.text)
+			case ")", "]", "}":
+				if len(open) == 0 || open[len(open)-1] != closers[tok.text] {
+					return t, 0, fmt.Errorf("unbalanced %q at byte %d", tok.text, tok.pos)
+				}
+				open = open[:len(open)-1]
+			}
+		}
+		t.toks = append(t.toks, tok)
+		i = tok.end
+	}
+}
+
+// operators are Jinja2's, longest first so that "//" is not read as two "/".
+var operators = []string{"//", "**", "==", "!=", ">=", "<=",
+	"+", "-", "/", "*", "%", "~", "[", "]", "(", ")", "{", "}", ">", "<", "=", ".", ":", "|", ",", ";"}
+
+// lexToken reads the token at src[i] (not white space), with Jinja2's rules in Jinja2's
+// order: number, name, string, operator.
+func lexToken(src string, i int) (token, error) {
+	r, _ := utf8.DecodeRuneInString(src[i:])
+	end := i
+	kind := tokName
+	switch {
+	case r >= '0' && r <= '9':
+		kind, end = tokNumber, numberEnd(src, i)
+	case isNameRune(r):
+		for end < len(src) {
+			r, w := utf8.DecodeRuneInString(src[end:])
+			if !isNameRune(r) {
+				break
+			}
+			end += w
+		}
+	case r == '\'' || r == '"':
+		kind = tokString
+		end = i + 1
+		for ; end < len(src) && src[end] != byte(r); end++ {
+			if src[end] == '\\' {
+				end++
+			}
+		}
+		if end >= len(src) {
+			return token{}, fmt.Errorf("string at byte %d is not closed", i)
+		}
+		end++
+	default:
+		kind = tokOp
+		for _, op := range operators {
+			if strings.HasPrefix(src[i:], op) {
+				end = i + len(op)
+				break
+			}
+		}
+		if end == i {
+			return token{}, fmt.Errorf("unexpected %q at byte %d", r, i)
+		}
+	}
+	return token{kind: kind, text: src[i:end], pos: i, end: end}, nil
+}
+
+// isNameRune reports whether r continues a Jinja2 name (Python's \w: letters, digits,
+// underscore, and the combining marks Jinja2 adds).
+func isNameRune(r rune) bool {
+	return r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.In(r, unicode.Mn, unicode.Mc, unicode.Nd, unicode.Pc)
+}
+
+// numberEnd is the end of the number starting at src[i]: digits (with "_"), then a
+// fraction and an exponent for a float, or a 0b/0o/0x prefix and its digits.
+func numberEnd(src string, i int) int {
+	digits := func(j int) int {
+		for j < len(src) && (src[j] >= '0' && src[j] <= '9' || src[j] == '_') {
+			j++
+		}
+		return j
+	}
+	if src[i] == '0' && i+1 < len(src) && strings.ContainsRune("bBoOxX", rune(src[i+1])) {
+		j := i + 2
+		for j < len(src) && (isASCIILetter(src[j]) || src[j] >= '0' && src[j] <= '9' || src[j] == '_') {
+			j++
+		}
+		return j
+	}
+	j := digits(i)
+	// A float cannot follow a dot (x.0.1 is two subscripts).
+	if i > 0 && src[i-1] == '.' {
+		return j
+	}
+	if j+1 < len(src) && src[j] == '.' && src[j+1] >= '0' && src[j+1] <= '9' {
+		j = digits(j + 1)
+	}
+	if j < len(src) && (src[j] == 'e' || src[j] == 'E') {
+		k := j + 1
+		if k < len(src) && (src[k] == '+' || src[k] == '-') {
+			k++
+		}
+		if k < len(src) && src[k] >= '0' && src[k] <= '9' {
+			j = digits(k)
+		}
+	}
+	return j
+}
+
+// pyStringLiteral decodes a Jinja2 string token as Jinja2 does (Python's
+// unicode-escape decoding of its inside).
+func pyStringLiteral(lit string) (string, error) {
+	in := lit[1 : len(lit)-1]
+	var sb strings.Builder
+	for i := 0; i < len(in); i++ {
+		c := in[i]
+		if c != '\\' || i+1 == len(in) {
+			sb.WriteByte(c)
+			continue
+		}
+		i++
+		switch e := in[i]; e {
+		case '\n':
+		case '\\', '\'', '"':
+			sb.WriteByte(e)
+		case 'a', 'b', 'f', 'n', 'r', 't', 'v':
+			sb.WriteByte("\a\b\f\n\r\t\v"[strings.IndexByte("abfnrtv", e)])
+		case 'x', 'u', 'U':
+			n := 2
+			switch e {
+			case 'u':
+				n = 4
+			case 'U':
+				n = 8
+			}
+			if i+1+n > len(in) {
+				return "", fmt.Errorf("truncated \\%c escape in %s", e, lit)
+			}
+			r, err := strconv.ParseUint(in[i+1:i+1+n], 16, 32)
+			if err != nil || r > unicode.MaxRune {
+				return "", fmt.Errorf("bad \\%c escape in %s", e, lit)
+			}
+			sb.WriteRune(rune(r))
+			i += n
+		case '0', '1', '2', '3', '4', '5', '6', '7':
+			j := i
+			for j < len(in) && j < i+3 && in[j] >= '0' && in[j] <= '7' {
+				j++
+			}
+			r, _ := strconv.ParseUint(in[i:j], 8, 32)
+			sb.WriteRune(rune(r))
+			i = j - 1
+		case 'N':
+			return "", fmt.Errorf("\\N{...} escape in %s is not supported", lit)
+		default:
+			sb.WriteByte('\\')
+			sb.WriteByte(e)
+		}
+	}
+	return sb.String(), nil
+}
+
+// rewriteTemplate returns src (whose tags scanTags gave) with the tojson filter renamed
+// to ours in every tag: the engine looks a filter up among its built-ins before the
+// render variables.
+func rewriteTemplate(src string, tags []tag) string {
+	var sb strings.Builder
+	last := 0
+	for _, t := range tags {
+		for i, tok := range t.toks {
+			if tok.is(tokName, "tojson") && i > 0 && (t.toks[i-1].is(tokOp, "|") || i == 1 && t.block && t.toks[0].is(tokName, "filter")) {
+				sb.WriteString(src[last:tok.pos])
+				sb.WriteString(tojsonName)
+				last = tok.end
+			}
+		}
+	}
+	sb.WriteString(src[last:])
+	return sb.String()
+}
