@@ -52,7 +52,7 @@ func (c chatCase) request(t testing.TB) ([]Message, ChatOptions) {
 
 // testTemplates are the templates written for the tests (testdata/chat/<name>.jinja),
 // rendered with Llama 3's special tokens.
-var testTemplates = []string{"features", "parts"}
+var testTemplates = []string{"features", "parts", "pyvalues"}
 
 // chatTemplateTokenizer returns the tokenizer whose template a golden file was rendered
 // with: Qwen3's and Llama 3's own, or a test template with Llama 3's special tokens.
@@ -168,8 +168,8 @@ func TestTokenizerWithoutChatTemplateRefusesChat(t *testing.T) {
 	}
 }
 
-// rewriteTemplate renames the tojson filter to ours and touches nothing else: not
-// text, comments, raw blocks, string literals or other names.
+// rewriteTemplate reroutes tojson and dict() to pybuiltins.go and touches nothing
+// else: not text, comments, raw blocks, string literals or other names.
 func TestRewriteTemplate(t *testing.T) {
 	tests := []struct{ in, want string }{
 		{"{{ x | tojson }}", "{{ x | kvindex_tojson }}"},
@@ -182,6 +182,10 @@ func TestRewriteTemplate(t *testing.T) {
 		{"{% raw %}{{ x | tojson }}{% endraw %}{% set y = z|tojson %}", "{% raw %}{{ x | tojson }}{% endraw %}{% set y = z|kvindex_tojson %}"},
 		{"{% filter tojson %}x{% endfilter %}", "{% filter kvindex_tojson %}x{% endfilter %}"},
 		{"{{ {'a': x|tojson} }}", "{{ {'a': x|kvindex_tojson} }}"},
+		{"{% set d = dict(b=1, a=[1, 2]) %}", "{% set d = dict(b=1, a=[1, 2], kvindex_order=['b', 'a']) %}"},
+		{"{{ dict(m, z=f(x, y=1),) }}", "{{ dict(m, z=f(x, y=1),kvindex_order=['z']) }}"},
+		{"{{ dict(a=x|tojson) }}", "{{ dict(a=x|kvindex_tojson, kvindex_order=['a']) }}"},
+		{"{% set d = dict(m) %}{% set e = dict(**kw) %}{% set f = x.dict(a=1) %}", "{% set d = dict(m) %}{% set e = dict(**kw) %}{% set f = x.dict(a=1) %}"},
 	}
 	for _, tt := range tests {
 		tags, err := scanTags(tt.in)

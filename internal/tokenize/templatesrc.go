@@ -3,6 +3,7 @@ package tokenize
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -14,8 +15,8 @@ import (
 // text) and splits each tag's inside into tokens. The tokens serve two readers: the
 // content-format detection (contentformat.go), which parses {% for %} and {% set %}
 // statements as vLLM does with Jinja2's parser, and rewriteTemplate, which reroutes the
-// filters whose Python semantics the engine lacks to our own implementations
-// (pybuiltins.go).
+// filters and globals whose Python semantics the engine lacks to our own
+// implementations (pybuiltins.go).
 
 type tokKind uint8
 
@@ -303,21 +304,103 @@ func pyStringLiteral(lit string) (string, error) {
 	return sb.String(), nil
 }
 
-// rewriteTemplate returns src (whose tags scanTags gave) with the tojson filter renamed
-// to ours in every tag: the engine looks a filter up among its built-ins before the
-// render variables.
+// rewriteTemplate returns src (whose tags scanTags gave) with, in every tag:
+//
+//   - the tojson filter renamed to ours: the engine looks a filter up among its
+//     built-ins before the render variables;
+//   - dict(k=v, ...) given its keywords' order as one more keyword
+//     (kvindex_order=['k', ...]): the engine hands a function its keywords in a map.
+//
+// A call whose arguments it cannot delimit is left as it is.
 func rewriteTemplate(src string, tags []tag) string {
-	var sb strings.Builder
-	last := 0
+	var edits []edit
 	for _, t := range tags {
-		for i, tok := range t.toks {
-			if tok.is(tokName, "tojson") && i > 0 && (t.toks[i-1].is(tokOp, "|") || i == 1 && t.block && t.toks[0].is(tokName, "filter")) {
-				sb.WriteString(src[last:tok.pos])
-				sb.WriteString(tojsonName)
-				last = tok.end
+		toks := t.toks
+		for i, tok := range toks {
+			switch {
+			case tok.is(tokName, "tojson") && i > 0 && (toks[i-1].is(tokOp, "|") || i == 1 && t.block && toks[0].is(tokName, "filter")):
+				edits = append(edits, edit{pos: tok.pos, end: tok.end, text: tojsonName})
+			case tok.is(tokName, "dict") && i+1 < len(toks) && toks[i+1].is(tokOp, "(") &&
+				(i == 0 || !toks[i-1].is(tokOp, ".") && !toks[i-1].is(tokOp, "|") && !toks[i-1].is(tokName, "is") && !toks[i-1].is(tokName, "macro")):
+				if e, ok := dictOrderEdit(toks, i+1); ok {
+					edits = append(edits, e)
+				}
 			}
 		}
 	}
+	slices.SortStableFunc(edits, func(a, b edit) int { return a.pos - b.pos })
+	var sb strings.Builder
+	last := 0
+	for _, e := range edits {
+		sb.WriteString(src[last:e.pos])
+		sb.WriteString(e.text)
+		last = e.end
+	}
 	sb.WriteString(src[last:])
 	return sb.String()
+}
+
+// edit replaces src[pos:end] with text.
+type edit struct {
+	pos, end int
+	text     string
+}
+
+// dictOrderEdit is the edit adding dictOrderKwarg to the call whose "(" is toks[open],
+// if it has keywords and no *args or **kwargs.
+func dictOrderEdit(toks []token, open int) (edit, bool) {
+	closeAt := matchClose(toks, open)
+	if closeAt < 0 {
+		return edit{}, false
+	}
+	var names []string
+	argStart, depth := open+1, 0
+	for i := open + 1; i <= closeAt; i++ {
+		switch t := toks[i]; {
+		case t.kind == tokOp && (t.text == "(" || t.text == "[" || t.text == "{"):
+			depth++
+		case t.kind == tokOp && i < closeAt && (t.text == ")" || t.text == "]" || t.text == "}"):
+			depth--
+		}
+		if depth > 0 || (i < closeAt && !toks[i].is(tokOp, ",")) {
+			continue
+		}
+		// toks[argStart:i] is one argument.
+		if arg := toks[argStart:i]; len(arg) > 0 {
+			switch {
+			case arg[0].is(tokOp, "*") || arg[0].is(tokOp, "**"):
+				return edit{}, false
+			case len(arg) > 1 && arg[0].kind == tokName && arg[1].is(tokOp, "="):
+				names = append(names, "'"+arg[0].text+"'")
+			}
+		}
+		argStart = i + 1
+	}
+	if len(names) == 0 {
+		return edit{}, false
+	}
+	text := dictOrderKwarg + "=[" + strings.Join(names, ", ") + "]"
+	if !toks[closeAt-1].is(tokOp, ",") {
+		text = ", " + text
+	}
+	return edit{pos: toks[closeAt].pos, end: toks[closeAt].pos, text: text}, true
+}
+
+// matchClose is the index of the bracket closing toks[open], or -1.
+func matchClose(toks []token, open int) int {
+	depth := 0
+	for i := open; i < len(toks); i++ {
+		if toks[i].kind != tokOp {
+			continue
+		}
+		switch toks[i].text {
+		case "(", "[", "{":
+			depth++
+		case ")", "]", "}":
+			if depth--; depth == 0 {
+				return i
+			}
+		}
+	}
+	return -1
 }
