@@ -15,7 +15,7 @@ import (
 // text) and splits each tag's inside into tokens. The tokens serve two readers: the
 // content-format detection (contentformat.go), which parses {% for %} and {% set %}
 // statements as vLLM does with Jinja2's parser, and rewriteTemplate, which reroutes the
-// filters and globals whose Python semantics the engine lacks to our own
+// few filters, methods and globals whose Python semantics the engine lacks to our own
 // implementations (pybuiltins.go).
 
 type tokKind uint8
@@ -306,20 +306,40 @@ func pyStringLiteral(lit string) (string, error) {
 
 // rewriteTemplate returns src (whose tags scanTags gave) with, in every tag:
 //
-//   - the tojson filter renamed to ours: the engine looks a filter up among its
-//     built-ins before the render variables;
+//   - the tojson and trim filters renamed to ours: the engine looks a filter up among
+//     its built-ins before the render variables;
+//   - x.strip(...), x.lstrip(...) and x.rstrip(...) made calls of ours
+//     (kvindex_strip(x, ...)): the engine resolves string methods itself;
 //   - dict(k=v, ...) given its keywords' order as one more keyword
 //     (kvindex_order=['k', ...]): the engine hands a function its keywords in a map.
 //
-// A call whose arguments it cannot delimit is left as it is.
+// A call whose receiver or arguments it cannot delimit is left as it is.
 func rewriteTemplate(src string, tags []tag) string {
 	var edits []edit
 	for _, t := range tags {
 		toks := t.toks
 		for i, tok := range toks {
 			switch {
-			case tok.is(tokName, "tojson") && i > 0 && (toks[i-1].is(tokOp, "|") || i == 1 && t.block && toks[0].is(tokName, "filter")):
-				edits = append(edits, edit{pos: tok.pos, end: tok.end, text: tojsonName})
+			case tok.kind == tokName && (tok.text == "tojson" || tok.text == "trim") && i > 0 &&
+				(toks[i-1].is(tokOp, "|") || i == 1 && t.block && toks[0].is(tokName, "filter")):
+				name := tojsonName
+				if tok.text == "trim" {
+					name = trimName
+				}
+				edits = append(edits, edit{pos: tok.pos, end: tok.end, text: name})
+			case tok.is(tokOp, ".") && i > 0 && i+2 < len(toks) && toks[i+1].kind == tokName &&
+				stripNames[toks[i+1].text] != "" && toks[i+2].is(tokOp, "("):
+				start := chainStart(toks, i-1)
+				if start < 0 {
+					continue
+				}
+				sep := ", "
+				if toks[i+3].is(tokOp, ")") {
+					sep = ""
+				}
+				edits = append(edits,
+					edit{pos: toks[start].pos, end: toks[start].pos, text: stripNames[toks[i+1].text] + "("},
+					edit{pos: tok.pos, end: toks[i+2].end, text: sep})
 			case tok.is(tokName, "dict") && i+1 < len(toks) && toks[i+1].is(tokOp, "(") &&
 				(i == 0 || !toks[i-1].is(tokOp, ".") && !toks[i-1].is(tokOp, "|") && !toks[i-1].is(tokName, "is") && !toks[i-1].is(tokName, "macro")):
 				if e, ok := dictOrderEdit(toks, i+1); ok {
@@ -328,7 +348,17 @@ func rewriteTemplate(src string, tags []tag) string {
 			}
 		}
 	}
+	// Edits are applied in source order; of two insertions at one place (the receivers
+	// of x.strip().lstrip() start together), the later call encloses the earlier one.
 	slices.SortStableFunc(edits, func(a, b edit) int { return a.pos - b.pos })
+	for i := 0; i < len(edits); {
+		j := i + 1
+		for j < len(edits) && edits[j].pos == edits[i].pos && edits[j].end == edits[j].pos {
+			j++
+		}
+		slices.Reverse(edits[i:j])
+		i = j
+	}
 	var sb strings.Builder
 	last := 0
 	for _, e := range edits {
@@ -397,6 +427,71 @@ func matchClose(toks []token, open int) int {
 		case "(", "[", "{":
 			depth++
 		case ")", "]", "}":
+			if depth--; depth == 0 {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// operatorNames are the names Jinja2 reads as operators or statement words.
+var operatorNames = map[string]bool{"and": true, "or": true, "not": true, "in": true, "is": true, "if": true, "else": true}
+
+// endsOperand reports whether t can end a primary expression, so that a "(" or "["
+// after it is a call or a subscript.
+func endsOperand(t token) bool {
+	switch t.kind {
+	case tokName:
+		return !operatorNames[t.text]
+	case tokString, tokNumber:
+		return true
+	}
+	return t.text == ")" || t.text == "]" || t.text == "}"
+}
+
+// chainStart is the index of the first token of the primary expression and postfix
+// chain (a.b[0](x) ...) that ends with toks[j], or -1.
+func chainStart(toks []token, j int) int {
+	for j >= 0 {
+		t := toks[j]
+		switch {
+		case t.kind == tokOp && (t.text == ")" || t.text == "]" || t.text == "}"):
+			k := matchOpen(toks, j)
+			if k > 0 && t.text != "}" && endsOperand(toks[k-1]) {
+				j = k - 1 // a call or a subscript
+				continue
+			}
+			return k
+		case t.kind == tokName && !operatorNames[t.text], t.kind == tokNumber:
+			if j >= 2 && toks[j-1].is(tokOp, ".") {
+				j -= 2
+				continue
+			}
+			return j
+		case t.kind == tokString:
+			for j > 0 && toks[j-1].kind == tokString {
+				j--
+			}
+			return j
+		default:
+			return -1
+		}
+	}
+	return -1
+}
+
+// matchOpen is the index of the bracket opening toks[closeAt], or -1.
+func matchOpen(toks []token, closeAt int) int {
+	depth := 0
+	for i := closeAt; i >= 0; i-- {
+		if toks[i].kind != tokOp {
+			continue
+		}
+		switch toks[i].text {
+		case ")", "]", "}":
+			depth++
+		case "(", "[", "{":
 			if depth--; depth == 0 {
 				return i
 			}
