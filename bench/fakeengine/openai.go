@@ -1,6 +1,8 @@
 package fakeengine
 
 import (
+	"encoding/json"
+
 	"github.com/kvindex/kvindex/internal/tokenize"
 )
 
@@ -11,15 +13,15 @@ import (
 // tokenizeRequest is vLLM's /tokenize body: either prompt, or messages with the
 // chat options.
 type tokenizeRequest struct {
-	Model                string             `json:"model"`
-	Prompt               *string            `json:"prompt"`
-	Messages             []tokenize.Message `json:"messages"`
-	AddGenerationPrompt  *bool              `json:"add_generation_prompt"`
-	ContinueFinalMessage bool               `json:"continue_final_message"`
-	AddSpecialTokens     *bool              `json:"add_special_tokens"`
-	ChatTemplateKwargs   map[string]any     `json:"chat_template_kwargs"`
-	Tools                []tokenize.Tool    `json:"tools"`
-	ReturnTokenStrs      bool               `json:"return_token_strs"`
+	Model                string                     `json:"model"`
+	Prompt               *string                    `json:"prompt"`
+	Messages             []tokenize.Message         `json:"messages"`
+	AddGenerationPrompt  *bool                      `json:"add_generation_prompt"`
+	ContinueFinalMessage bool                       `json:"continue_final_message"`
+	AddSpecialTokens     *bool                      `json:"add_special_tokens"`
+	ChatTemplateKwargs   map[string]json.RawMessage `json:"chat_template_kwargs"`
+	Tools                []tokenize.Tool            `json:"tools"`
+	ReturnTokenStrs      bool                       `json:"return_token_strs"`
 }
 
 type tokenizeResponse struct {

@@ -51,12 +51,12 @@ func TestReasoningEffortSetsEnableThinkingAsVLLMDoes(t *testing.T) {
 	}
 	// The template sees reasoning_effort itself, over chat_template_kwargs'; the
 	// request's map is left as it came.
-	r := ChatRequest{ReasoningEffort: new(string), ChatTemplateKwargs: map[string]any{"reasoning_effort": "low"}}
+	r := ChatRequest{ReasoningEffort: new(string), ChatTemplateKwargs: map[string]json.RawMessage{"reasoning_effort": json.RawMessage(`"low"`)}}
 	*r.ReasoningEffort = "medium"
-	if kw := r.ChatOptions().Kwargs; kw["reasoning_effort"] != "medium" || kw["enable_thinking"] != true {
-		t.Errorf("kwargs %v, want reasoning_effort medium and enable_thinking true", kw)
+	if kw := r.ChatOptions().Kwargs; string(kw["reasoning_effort"]) != `"medium"` || string(kw["enable_thinking"]) != "true" {
+		t.Errorf("kwargs %s, want reasoning_effort medium and enable_thinking true", kw)
 	}
-	if len(r.ChatTemplateKwargs) != 1 || r.ChatTemplateKwargs["reasoning_effort"] != "low" {
-		t.Errorf("the request's chat_template_kwargs became %v", r.ChatTemplateKwargs)
+	if len(r.ChatTemplateKwargs) != 1 || string(r.ChatTemplateKwargs["reasoning_effort"]) != `"low"` {
+		t.Errorf("the request's chat_template_kwargs became %s", r.ChatTemplateKwargs)
 	}
 }

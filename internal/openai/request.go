@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"strconv"
 
 	"github.com/kvindex/kvindex/internal/tokenize"
 )
@@ -55,21 +56,21 @@ func (p *Present) UnmarshalJSON(data []byte) error {
 
 // ChatRequest is the part of a /v1/chat/completions body that decides the prompt.
 type ChatRequest struct {
-	Model                string             `json:"model"`
-	Messages             []tokenize.Message `json:"messages"`
-	MaxTokens            *LaxInt            `json:"max_tokens"`
-	MaxCompletionTokens  *LaxInt            `json:"max_completion_tokens"`
-	N                    *LaxInt            `json:"n"`
-	Stream               bool               `json:"stream"`
-	StreamOptions        *StreamOptions     `json:"stream_options"`
-	Tools                []tokenize.Tool    `json:"tools"`
-	AddGenerationPrompt  *bool              `json:"add_generation_prompt"`
-	ContinueFinalMessage bool               `json:"continue_final_message"`
-	AddSpecialTokens     bool               `json:"add_special_tokens"`
-	ChatTemplateKwargs   map[string]any     `json:"chat_template_kwargs"`
-	ReasoningEffort      *string            `json:"reasoning_effort"`
-	CacheSalt            string             `json:"cache_salt"`
-	KVTransferParams     json.RawMessage    `json:"kv_transfer_params"`
+	Model                string                     `json:"model"`
+	Messages             []tokenize.Message         `json:"messages"`
+	MaxTokens            *LaxInt                    `json:"max_tokens"`
+	MaxCompletionTokens  *LaxInt                    `json:"max_completion_tokens"`
+	N                    *LaxInt                    `json:"n"`
+	Stream               bool                       `json:"stream"`
+	StreamOptions        *StreamOptions             `json:"stream_options"`
+	Tools                []tokenize.Tool            `json:"tools"`
+	AddGenerationPrompt  *bool                      `json:"add_generation_prompt"`
+	ContinueFinalMessage bool                       `json:"continue_final_message"`
+	AddSpecialTokens     bool                       `json:"add_special_tokens"`
+	ChatTemplateKwargs   map[string]json.RawMessage `json:"chat_template_kwargs"`
+	ReasoningEffort      *string                    `json:"reasoning_effort"`
+	CacheSalt            string                     `json:"cache_salt"`
+	KVTransferParams     json.RawMessage            `json:"kv_transfer_params"`
 }
 
 // CheckN refuses n other than 1: one request, one generation.
@@ -102,11 +103,12 @@ func (r *CompletionRequest) OutputTokens() int { return positive(r.MaxTokens) }
 func (r *ChatRequest) ChatOptions() tokenize.ChatOptions {
 	kwargs := r.ChatTemplateKwargs
 	if r.ReasoningEffort != nil {
-		kwargs = make(map[string]any, len(r.ChatTemplateKwargs)+2)
+		kwargs = make(map[string]json.RawMessage, len(r.ChatTemplateKwargs)+2)
 		maps.Copy(kwargs, r.ChatTemplateKwargs)
-		kwargs["reasoning_effort"] = *r.ReasoningEffort
+		effort, _ := json.Marshal(*r.ReasoningEffort) // a string always marshals
+		kwargs["reasoning_effort"] = effort
 		if _, set := r.ChatTemplateKwargs["enable_thinking"]; !set {
-			kwargs["enable_thinking"] = *r.ReasoningEffort != "none"
+			kwargs["enable_thinking"] = json.RawMessage(strconv.FormatBool(*r.ReasoningEffort != "none"))
 		}
 	}
 	return tokenize.ChatOptions{

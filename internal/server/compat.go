@@ -21,17 +21,17 @@ import (
 // hitRateRequest is POST /kv-cache/hit-rate's body (openFuyao hermes-router's
 // cache-indexer contract).
 type hitRateRequest struct {
-	Model               string             `json:"model"`
-	LoraName            string             `json:"lora_name"`
-	CacheSalt           string             `json:"cache_salt"`
-	BlockSize           *int64             `json:"block_size"`
-	TokenIDs            tokenIDs           `json:"token_ids"`
-	Prompt              *string            `json:"prompt"`
-	Messages            []tokenize.Message `json:"messages"`
-	AddGenerationPrompt *bool              `json:"add_generation_prompt"`
-	Tools               []tokenize.Tool    `json:"tools"`
-	ChatTemplateKwargs  map[string]any     `json:"chat_template_kwargs"`
-	Pods                []string           `json:"pods"`
+	Model               string                     `json:"model"`
+	LoraName            string                     `json:"lora_name"`
+	CacheSalt           string                     `json:"cache_salt"`
+	BlockSize           *int64                     `json:"block_size"`
+	TokenIDs            tokenIDs                   `json:"token_ids"`
+	Prompt              *string                    `json:"prompt"`
+	Messages            []tokenize.Message         `json:"messages"`
+	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
+	Tools               []tokenize.Tool            `json:"tools"`
+	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
+	Pods                []string                   `json:"pods"`
 }
 
 type hitRateResponse struct {

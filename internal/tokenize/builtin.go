@@ -147,7 +147,8 @@ func (*Builtin) ApplyChatTemplate(messages []Message, opts ChatOptions) (string,
 	}
 	if opts.AddGenerationPrompt {
 		sb.WriteString("<|im_start|>assistant\n")
-		if thinking, ok := opts.Kwargs["enable_thinking"].(bool); ok && !thinking {
+		var thinking *bool
+		if json.Unmarshal(opts.Kwargs["enable_thinking"], &thinking) == nil && thinking != nil && !*thinking {
 			sb.WriteString("<think>\n\n</think>\n\n")
 		}
 	}

@@ -73,7 +73,7 @@ func TestBuiltinChatTemplateGolden(t *testing.T) {
 		{"no_generation_prompt", `[{"role":"user","content":[{"type":"text","text":"Hel"},{"type":"text","text":"lo"}]}]`,
 			ChatOptions{}},
 		{"thinking_disabled", `[{"role":"user","content":"Hi"}]`,
-			ChatOptions{AddGenerationPrompt: true, Kwargs: map[string]any{"enable_thinking": false}}},
+			ChatOptions{AddGenerationPrompt: true, Kwargs: map[string]json.RawMessage{"enable_thinking": json.RawMessage("false")}}},
 		{"tools_and_calls", `[{"role":"system","content":"Use tools."},{"role":"user","content":"Weather in Paris?"},
 			{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
 			{"role":"tool","tool_call_id":"c1","content":"sunny"}]`,

@@ -208,9 +208,14 @@ func (t *HFTokenizer) ApplyChatTemplate(messages []Message, opts ChatOptions) (s
 	for k, v := range t.chat.base {
 		data[k] = v
 	}
-	for k, v := range opts.Kwargs {
-		if !reservedTemplateVars[k] && k != tojsonName {
-			data[k] = goValue(v)
+	for k, raw := range opts.Kwargs {
+		// Our built-ins' names (kvindex_...) stay ours; "dict", like any Jinja2 global,
+		// may be replaced.
+		if reservedTemplateVars[k] || strings.HasPrefix(k, "kvindex_") {
+			continue
+		}
+		if data[k], err = parseJSONValue(raw); err != nil {
+			return "", fmt.Errorf("%w: chat_template_kwargs %q: %v", ErrInvalidMessages, k, err)
 		}
 	}
 	data["messages"] = conversationValue(messages, tmpl.format)

@@ -13,12 +13,12 @@ import (
 // chatCase is one entry of testdata/chat/cases.json: the fields of an OpenAI chat
 // request that shape the prompt.
 type chatCase struct {
-	Name                 string          `json:"name"`
-	Messages             json.RawMessage `json:"messages"`
-	Tools                json.RawMessage `json:"tools"`
-	AddGenerationPrompt  bool            `json:"add_generation_prompt"`
-	ContinueFinalMessage bool            `json:"continue_final_message"`
-	ChatTemplateKwargs   map[string]any  `json:"chat_template_kwargs"`
+	Name                 string                     `json:"name"`
+	Messages             json.RawMessage            `json:"messages"`
+	Tools                json.RawMessage            `json:"tools"`
+	AddGenerationPrompt  bool                       `json:"add_generation_prompt"`
+	ContinueFinalMessage bool                       `json:"continue_final_message"`
+	ChatTemplateKwargs   map[string]json.RawMessage `json:"chat_template_kwargs"`
 }
 
 func readChatCases(t testing.TB) []chatCase {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"slices"
 	"strconv"
@@ -22,128 +21,215 @@ import (
 // json.loads would, and implements transformers' tojson filter (json.dumps with
 // ensure_ascii=False by default).
 
-// parseJSONValue decodes JSON text like Python's json.loads: objects keep their key
+// parseJSONValue decodes JSON text as Python's json.loads does: objects keep their key
 // order (a repeated key keeps its first position and its last value), integers stay
-// integers. Integers beyond int64 become floats (json.loads keeps them exact; no chat
-// template of ours prints such numbers).
+// integers, and NaN, Infinity and -Infinity are read as numbers. Integers beyond int64
+// become floats (json.loads keeps them exact; a template value cannot hold them), and
+// an escaped unpaired surrogate becomes U+FFFD (a Python string keeps it).
 func parseJSONValue(text []byte) (jinja.Value, error) {
-	dec := json.NewDecoder(bytes.NewReader(text))
-	dec.UseNumber()
-	v, err := decodeValue(dec)
+	p := pyJSONParser{s: text}
+	p.space()
+	v, err := p.value(0)
 	if err != nil {
 		return jinja.Undefined(), err
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return jinja.Undefined(), fmt.Errorf("extra data after the JSON value")
+	if p.space(); p.i < len(p.s) {
+		return jinja.Undefined(), fmt.Errorf("extra data at byte %d", p.i)
 	}
 	return v, nil
 }
 
-func decodeValue(dec *json.Decoder) (jinja.Value, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return jinja.Undefined(), err
+// maxJSONDepth bounds the nesting parseJSONValue follows, as encoding/json's does.
+const maxJSONDepth = 10000
+
+type pyJSONParser struct {
+	s []byte
+	i int
+}
+
+func (p *pyJSONParser) space() { p.i = skipSpace(p.s, p.i) }
+
+func (p *pyJSONParser) errorf(format string, args ...any) error {
+	return fmt.Errorf("byte %d: %s", p.i, fmt.Sprintf(format, args...))
+}
+
+// literal consumes word if the input continues with it.
+func (p *pyJSONParser) literal(word string) bool {
+	if bytes.HasPrefix(p.s[p.i:], []byte(word)) {
+		p.i += len(word)
+		return true
 	}
-	switch t := tok.(type) {
-	case nil:
+	return false
+}
+
+// value reads one value at p.i, with json.loads' scanner's cases in its order.
+func (p *pyJSONParser) value(depth int) (jinja.Value, error) {
+	if depth > maxJSONDepth {
+		return jinja.Undefined(), p.errorf("nested too deeply")
+	}
+	if p.i >= len(p.s) {
+		return jinja.Undefined(), p.errorf("expecting value")
+	}
+	switch c := p.s[p.i]; {
+	case c == '"':
+		s, err := p.str()
+		return jinja.NewString(s), err
+	case c == '{':
+		return p.object(depth)
+	case c == '[':
+		return p.array(depth)
+	case p.literal("null"):
 		return jinja.None(), nil
-	case bool:
-		return jinja.NewBool(t), nil
-	case string:
-		return jinja.NewString(t), nil
-	case json.Number:
-		return numberValue(t), nil
-	case json.Delim:
-		switch t {
-		case '[':
-			var items []jinja.Value
-			for dec.More() {
-				item, err := decodeValue(dec)
-				if err != nil {
-					return jinja.Undefined(), err
-				}
-				items = append(items, item)
+	case p.literal("true"):
+		return jinja.NewBool(true), nil
+	case p.literal("false"):
+		return jinja.NewBool(false), nil
+	case c == '-' || c >= '0' && c <= '9':
+		if v, ok := p.number(); ok {
+			return v, nil
+		}
+		if p.literal("-Infinity") {
+			return jinja.NewFloat(math.Inf(-1)), nil
+		}
+	case p.literal("NaN"):
+		return jinja.NewFloat(math.NaN()), nil
+	case p.literal("Infinity"):
+		return jinja.NewFloat(math.Inf(1)), nil
+	}
+	return jinja.Undefined(), p.errorf("expecting value")
+}
+
+// number reads -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][-+]?[0-9]+)?: an int without a
+// fraction or an exponent, else a float (beyond the float range, ±Inf as in Python).
+func (p *pyJSONParser) number() (jinja.Value, bool) {
+	digits := func(j int) int {
+		for j < len(p.s) && p.s[j] >= '0' && p.s[j] <= '9' {
+			j++
+		}
+		return j
+	}
+	j := p.i
+	if p.s[j] == '-' {
+		j++
+	}
+	switch {
+	case j < len(p.s) && p.s[j] == '0':
+		j++
+	case j < len(p.s) && p.s[j] >= '1' && p.s[j] <= '9':
+		j = digits(j)
+	default:
+		return jinja.Undefined(), false
+	}
+	isFloat := false
+	if j+1 < len(p.s) && p.s[j] == '.' && p.s[j+1] >= '0' && p.s[j+1] <= '9' {
+		j, isFloat = digits(j+1), true
+	}
+	if j < len(p.s) && (p.s[j] == 'e' || p.s[j] == 'E') {
+		k := j + 1
+		if k < len(p.s) && (p.s[k] == '+' || p.s[k] == '-') {
+			k++
+		}
+		if k < len(p.s) && p.s[k] >= '0' && p.s[k] <= '9' {
+			j, isFloat = digits(k), true
+		}
+	}
+	text := string(p.s[p.i:j])
+	p.i = j
+	if !isFloat {
+		if n, err := strconv.ParseInt(text, 10, 64); err == nil {
+			return jinja.NewInt(n), true
+		}
+	}
+	f, _ := strconv.ParseFloat(text, 64) // valid syntax; out of range gives ±Inf
+	return jinja.NewFloat(f), true
+}
+
+// str reads a string literal; control characters must be escaped, as json.loads
+// (strict) requires.
+func (p *pyJSONParser) str() (string, error) {
+	start := p.i
+	escaped := false
+	for j := start + 1; j < len(p.s); j++ {
+		switch c := p.s[j]; {
+		case c == '\\':
+			escaped = true
+			j++
+		case c < 0x20:
+			p.i = j
+			return "", p.errorf("invalid control character in a string")
+		case c == '"':
+			p.i = j + 1
+			lit := p.s[start:p.i]
+			if !escaped && utf8.Valid(lit) {
+				return string(lit[1 : len(lit)-1]), nil
 			}
-			if _, err := dec.Token(); err != nil {
-				return jinja.Undefined(), err
+			var s string
+			if err := json.Unmarshal(lit, &s); err != nil {
+				return "", fmt.Errorf("byte %d: %w", start, err)
 			}
-			return jinja.NewList(items), nil
-		case '{':
-			d := jinja.NewDict()
-			for dec.More() {
-				key, err := dec.Token()
-				if err != nil {
-					return jinja.Undefined(), err
-				}
-				val, err := decodeValue(dec)
-				if err != nil {
-					return jinja.Undefined(), err
-				}
-				d.AsDict().Set(key.(string), val)
-			}
-			if _, err := dec.Token(); err != nil {
-				return jinja.Undefined(), err
-			}
+			return s, nil
+		}
+	}
+	return "", p.errorf("unterminated string")
+}
+
+func (p *pyJSONParser) object(depth int) (jinja.Value, error) {
+	d := jinja.NewDict()
+	p.i++
+	p.space()
+	if p.literal("}") {
+		return d, nil
+	}
+	for {
+		if p.i >= len(p.s) || p.s[p.i] != '"' {
+			return jinja.Undefined(), p.errorf("expecting a property name in double quotes")
+		}
+		key, err := p.str()
+		if err != nil {
+			return jinja.Undefined(), err
+		}
+		if p.space(); !p.literal(":") {
+			return jinja.Undefined(), p.errorf("expecting ':'")
+		}
+		p.space()
+		val, err := p.value(depth + 1)
+		if err != nil {
+			return jinja.Undefined(), err
+		}
+		d.AsDict().Set(key, val)
+		p.space()
+		switch {
+		case p.literal("}"):
 			return d, nil
+		case !p.literal(","):
+			return jinja.Undefined(), p.errorf("expecting ',' or '}'")
 		}
+		p.space()
 	}
-	return jinja.Undefined(), fmt.Errorf("unexpected JSON token %v", tok)
 }
 
-func numberValue(n json.Number) jinja.Value {
-	s := string(n)
-	if !strings.ContainsAny(s, ".eE") {
-		if i, err := strconv.ParseInt(s, 10, 64); err == nil {
-			return jinja.NewInt(i)
-		}
+func (p *pyJSONParser) array(depth int) (jinja.Value, error) {
+	var items []jinja.Value
+	p.i++
+	p.space()
+	if p.literal("]") {
+		return jinja.NewList(items), nil
 	}
-	f, _ := strconv.ParseFloat(s, 64) // the decoder validated the syntax; overflow gives ±Inf
-	return jinja.NewFloat(f)
-}
-
-// goValue converts a value decoded by encoding/json into map[string]any form (as
-// chat_template_kwargs arrive) to a template value; map keys are sorted, since their
-// order is lost already.
-func goValue(v any) jinja.Value {
-	switch t := v.(type) {
-	case nil:
-		return jinja.None()
-	case bool:
-		return jinja.NewBool(t)
-	case string:
-		return jinja.NewString(t)
-	case json.Number:
-		return numberValue(t)
-	case float64:
-		if t == math.Trunc(t) && math.Abs(t) < 1<<53 {
-			return jinja.NewInt(int64(t))
+	for {
+		item, err := p.value(depth + 1)
+		if err != nil {
+			return jinja.Undefined(), err
 		}
-		return jinja.NewFloat(t)
-	case int:
-		return jinja.NewInt(int64(t))
-	case int64:
-		return jinja.NewInt(t)
-	case []any:
-		items := make([]jinja.Value, len(t))
-		for i, item := range t {
-			items[i] = goValue(item)
+		items = append(items, item)
+		p.space()
+		switch {
+		case p.literal("]"):
+			return jinja.NewList(items), nil
+		case !p.literal(","):
+			return jinja.Undefined(), p.errorf("expecting ',' or ']'")
 		}
-		return jinja.NewList(items)
-	case map[string]any:
-		d := jinja.NewDict()
-		keys := make([]string, 0, len(t))
-		for k := range t {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			d.AsDict().Set(k, goValue(t[k]))
-		}
-		return d
-	case jinja.Value:
-		return t
+		p.space()
 	}
-	return jinja.NewString(fmt.Sprint(v))
 }
 
 // pyDumpOptions are json.dumps' arguments as transformers' tojson passes them.

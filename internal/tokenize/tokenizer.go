@@ -56,8 +56,10 @@ type ChatOptions struct {
 	// Tools are the functions offered to the model (OpenAI "tools").
 	Tools []Tool
 	// Kwargs are extra template variables (vLLM "chat_template_kwargs"), for example
-	// {"enable_thinking": false}. Unknown keys are ignored, as a Jinja template would.
-	Kwargs map[string]any
+	// {"enable_thinking": false}, as the request's JSON: templates see them as
+	// Python's json.loads reads them (1.0 stays a float, objects keep their key
+	// order). Unknown keys are ignored, as a Jinja template would.
+	Kwargs map[string]json.RawMessage
 }
 
 // Message is one OpenAI chat message. Content is in the form vLLM passes to templates
