@@ -18,8 +18,9 @@ import (
 // filter that is Python's json.dumps, raise_exception) and the special tokens of
 // tokenizer_config.json as variables. github.com/ardanlabs/jinja executes the template;
 // it renders Qwen3's and Llama 3's templates byte for byte like Jinja2 (the golden tests
-// compare with Jinja2's output) once tojson is transformers' own and trim, str.strip
-// and dict() Python's, which we substitute (templatesrc.go, pybuiltins.go).
+// compare with Jinja2's output) once printing is Python's str(), tojson transformers'
+// own and trim, str.strip and dict() Python's, which we substitute (templatesrc.go,
+// pybuiltins.go).
 
 // tokenizerConfig is what tokenizer_config.json contributes.
 type tokenizerConfig struct {

@@ -168,28 +168,29 @@ func TestTokenizerWithoutChatTemplateRefusesChat(t *testing.T) {
 	}
 }
 
-// rewriteTemplate reroutes filters, str methods and dict() to pybuiltins.go and
-// touches nothing else: not text, comments, raw blocks, string literals or other names.
+// rewriteTemplate reroutes output, filters, str methods and dict() to pybuiltins.go
+// and touches nothing else: not text, comments, raw blocks or string literals.
 func TestRewriteTemplate(t *testing.T) {
 	tests := []struct{ in, want string }{
-		{"{{ x | tojson }}", "{{ x | kvindex_tojson }}"},
-		{"{{x|tojson(indent=2)}}", "{{x|kvindex_tojson(indent=2)}}"},
+		{"{{ x | tojson }}", "{{ kvindex_str(x | kvindex_tojson) }}"},
+		{"{{x|tojson(indent=2)}}", "{{kvindex_str(x|kvindex_tojson(indent=2))}}"},
 		{"{%- set y = x|tojson -%}", "{%- set y = x|kvindex_tojson -%}"},
-		{"text | tojson {{ 'a|tojson' }}", "text | tojson {{ 'a|tojson' }}"},
-		{"{# x | tojson #}{{- \"|tojson\" | tojson -}}", "{# x | tojson #}{{- \"|tojson\" | kvindex_tojson -}}"},
-		{"{% if x | tojsonish %}{% endif %}{{ tojson(x) }}", "{% if x | tojsonish %}{% endif %}{{ tojson(x) }}"},
+		{"text | tojson {{ 'a|tojson' }}", "text | tojson {{ kvindex_str('a|tojson') }}"},
+		{"{# x | tojson #}{{- \"|tojson\" | tojson -}}", "{# x | tojson #}{{- kvindex_str(\"|tojson\" | kvindex_tojson) -}}"},
+		{"{% if x | tojsonish %}{% endif %}{{ tojson(x) }}", "{% if x | tojsonish %}{% endif %}{{ kvindex_str(tojson(x)) }}"},
 		{"{ not a tag | tojson }", "{ not a tag | tojson }"},
 		{"{% raw %}{{ x | tojson }}{% endraw %}{% set y = z|trim %}", "{% raw %}{{ x | tojson }}{% endraw %}{% set y = z|kvindex_trim %}"},
 		{"{% filter trim %}x{% endfilter %}", "{% filter kvindex_trim %}x{% endfilter %}"},
-		{"{{ {'a': x|tojson} }}", "{{ {'a': x|kvindex_tojson} }}"},
-		{"{% set d = dict(b=1, a=[1, 2]) %}", "{% set d = dict(b=1, a=[1, 2], kvindex_order=['b', 'a']) %}"},
-		{"{{ dict(m, z=f(x, y=1),) }}", "{{ dict(m, z=f(x, y=1),kvindex_order=['z']) }}"},
-		{"{{ dict(a=x|tojson) }}", "{{ dict(a=x|kvindex_tojson, kvindex_order=['a']) }}"},
+		{"{{ {'a': x|tojson} }}", "{{ kvindex_str({'a': x|kvindex_tojson}) }}"},
 		{"{% set c = m.content.strip() %}", "{% set c = kvindex_strip(m.content) %}"},
 		{"{% set c = m['content'].split('</think>')[-1].lstrip('\\n') %}", "{% set c = kvindex_lstrip(m['content'].split('</think>')[-1], '\\n') %}"},
 		{"{% set c = (a ~ b).strip().rstrip(x.strip()) %}", "{% set c = kvindex_rstrip(kvindex_strip((a ~ b)), kvindex_strip(x)) %}"},
 		{"{% set c = not 'a' 'b'.strip() %}", "{% set c = not kvindex_strip('a' 'b') %}"},
 		{"{% set c = x.strip %}{% set d = strip(x) %}", "{% set c = x.strip %}{% set d = strip(x) %}"},
+		{"{{ x.strip().lstrip() }}", "{{ kvindex_str(kvindex_lstrip(kvindex_strip(x))) }}"},
+		{"{% set d = dict(b=1, a=[1, 2]) %}", "{% set d = dict(b=1, a=[1, 2], kvindex_order=['b', 'a']) %}"},
+		{"{% set d = dict(m, z=f(x, y=1),) %}", "{% set d = dict(m, z=f(x, y=1),kvindex_order=['z']) %}"},
+		{"{{ dict(a=x|tojson) }}", "{{ kvindex_str(dict(a=x|kvindex_tojson, kvindex_order=['a'])) }}"},
 		{"{% set d = dict(m) %}{% set e = dict(**kw) %}{% set f = x.dict(a=1) %}", "{% set d = dict(m) %}{% set e = dict(**kw) %}{% set f = x.dict(a=1) %}"},
 	}
 	for _, tt := range tests {

@@ -12,8 +12,9 @@
 //     request as vLLM does (its message pre-processing, with content in the
 //     template's ContentFormat, detected from the template's source as vLLM does or
 //     set by Options; then transformers' apply_chat_template semantics through
-//     github.com/ardanlabs/jinja, with transformers' tojson and Python's trim,
-//     str.strip and dict(); golden tests against Jinja2). As in vLLM, chat prompts are encoded with addSpecialTokens false
+//     github.com/ardanlabs/jinja, with the built-ins whose Python semantics it lacks
+//     -- printing, tojson, trim, str.strip, dict() -- replaced by ours; golden tests
+//     against Jinja2). As in vLLM, chat prompts are encoded with addSpecialTokens false
 //     and /v1/completions prompts with true. Files using anything else (another
 //     model type, normalizer, pre-tokenizer, decoder) are refused with ErrNotSupported
 //     rather than encoded differently.

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -15,6 +17,10 @@ import (
 // differ from Jinja2's (which are Python's, or transformers'): rewriteTemplate routes
 // the template's calls here.
 //
+//   - {{ x }} prints str(x): None as "None", a float as repr prints it (1.0, not 1),
+//     lists and dicts as their repr (strings quoted and escaped as Python does).
+//     Other conversions to text inside the engine (the ~ operator, the string and
+//     join filters) still print its way.
 //   - tojson is transformers' (json.dumps with ensure_ascii=False, pyjson.go), not the
 //     engine's.
 //   - str.strip, str.lstrip and str.rstrip without characters strip what Python's
@@ -26,6 +32,7 @@ import (
 
 // Names the rewritten template calls; they are render variables.
 const (
+	strName    = "kvindex_str"
 	tojsonName = "kvindex_tojson"
 	trimName   = "kvindex_trim"
 	// dictOrderKwarg is the keyword rewriteTemplate adds to dict() calls: the list of
@@ -39,6 +46,7 @@ var stripNames = map[string]string{"strip": "kvindex_strip", "lstrip": "kvindex_
 // pyBuiltins are the render variables that implement the rerouted calls.
 func pyBuiltins() map[string]jinja.Value {
 	vars := map[string]jinja.Value{
+		strName:    jinja.NewCallable(strName, printed),
 		tojsonName: jinja.NewCallable(tojsonName, tojsonFilter),
 		trimName:   jinja.NewCallable(trimName, trimFilter),
 		"dict":     jinja.NewCallable("dict", pyDict),
@@ -114,30 +122,121 @@ func trimFilter(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value,
 	return jinja.NewString(s), nil
 }
 
-// pyStr is Python's str() of a template value: undefined is "", None "None", floats
-// are printed as repr prints them (inf, nan). Lists and dicts get the engine's repr,
-// which quotes strings without Python's escaping.
+// printed is what {{ x }} prints, str(x); {{ a, b }} prints the tuple.
+func printed(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) == 1 {
+		if args[0].IsString() {
+			return args[0], nil
+		}
+		return jinja.NewString(pyStr(args[0])), nil
+	}
+	b := []byte{'('}
+	for i, a := range args {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = appendPyRepr(b, a)
+	}
+	return jinja.NewString(string(append(b, ')'))), nil
+}
+
+// pyStr is Python's str() of a template value (undefined prints as "").
 func pyStr(v jinja.Value) string {
 	switch {
 	case v.IsUndefined():
 		return ""
 	case v.IsString():
 		return v.AsString()
-	case v.IsFloat():
-		f := v.AsFloat()
-		switch {
-		case math.IsNaN(f):
-			return "nan"
-		case math.IsInf(f, 1):
-			return "inf"
-		case math.IsInf(f, -1):
-			return "-inf"
-		}
-		return pyFloatRepr(f)
-	case v.IsInt():
-		return strconv.FormatInt(v.AsInt(), 10)
 	}
-	return v.String() // None, True, False, lists, dicts
+	return string(appendPyRepr(nil, v))
+}
+
+// appendPyRepr appends Python's repr() of a template value; a callable, which no JSON
+// or template literal makes, is written as the engine names it.
+func appendPyRepr(b []byte, v jinja.Value) []byte {
+	switch {
+	case v.IsNone():
+		return append(b, "None"...)
+	case v.IsUndefined():
+		return append(b, "Undefined"...)
+	case v.IsBool():
+		if v.AsBool() {
+			return append(b, "True"...)
+		}
+		return append(b, "False"...)
+	case v.IsInt():
+		return strconv.AppendInt(b, v.AsInt(), 10)
+	case v.IsFloat():
+		switch f := v.AsFloat(); {
+		case math.IsNaN(f):
+			return append(b, "nan"...)
+		case math.IsInf(f, 1):
+			return append(b, "inf"...)
+		case math.IsInf(f, -1):
+			return append(b, "-inf"...)
+		default:
+			return append(b, pyFloatRepr(f)...)
+		}
+	case v.IsString():
+		return appendPyStringRepr(b, v.AsString())
+	case v.IsList():
+		b = append(b, '[')
+		for i, item := range v.AsList().Items {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = appendPyRepr(b, item)
+		}
+		return append(b, ']')
+	case v.IsDict():
+		b = append(b, '{')
+		for i, k := range v.AsDict().Keys {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = appendPyStringRepr(b, k)
+			b = append(b, ": "...)
+			val, _ := v.AsDict().Get(k)
+			b = appendPyRepr(b, val)
+		}
+		return append(b, '}')
+	}
+	return append(b, v.String()...)
+}
+
+// appendPyStringRepr appends Python's repr() of a string: single quotes unless the
+// string holds a single quote and no double quote; backslash, the quote, \t, \n and
+// \r escaped, other characters that are not printable as \xNN, \uNNNN or \UNNNNNNNN.
+func appendPyStringRepr(b []byte, s string) []byte {
+	quote := byte('\'')
+	if strings.IndexByte(s, '\'') >= 0 && strings.IndexByte(s, '"') < 0 {
+		quote = '"'
+	}
+	b = append(b, quote)
+	for _, r := range s {
+		switch {
+		case r == rune(quote) || r == '\\':
+			b = append(b, '\\', byte(r))
+		case r == '\t':
+			b = append(b, '\\', 't')
+		case r == '\n':
+			b = append(b, '\\', 'n')
+		case r == '\r':
+			b = append(b, '\\', 'r')
+		case r < ' ' || r == 0x7f || (r >= utf8.RuneSelf && !unicode.IsPrint(r)):
+			switch {
+			case r <= 0xff:
+				b = fmt.Appendf(b, "\\x%02x", r)
+			case r <= 0xffff:
+				b = fmt.Appendf(b, "\\u%04x", r)
+			default:
+				b = fmt.Appendf(b, "\\U%08x", r)
+			}
+		default:
+			b = utf8.AppendRune(b, r)
+		}
+	}
+	return append(b, quote)
 }
 
 // pyDict is Python's dict(mapping_or_pairs, **kwargs): the items of the positional

@@ -306,6 +306,8 @@ func pyStringLiteral(lit string) (string, error) {
 
 // rewriteTemplate returns src (whose tags scanTags gave) with, in every tag:
 //
+//   - the expression of {{ }} printed by ours (kvindex_str(x)): the engine prints
+//     values its own way, not as Python's str();
 //   - the tojson and trim filters renamed to ours: the engine looks a filter up among
 //     its built-ins before the render variables;
 //   - x.strip(...), x.lstrip(...) and x.rstrip(...) made calls of ours
@@ -346,6 +348,12 @@ func rewriteTemplate(src string, tags []tag) string {
 					edits = append(edits, e)
 				}
 			}
+		}
+		// Made last, so that it encloses the rest at the same place.
+		if !t.block && len(toks) > 0 {
+			edits = append(edits,
+				edit{pos: toks[0].pos, end: toks[0].pos, text: strName + "("},
+				edit{pos: toks[len(toks)-1].end, end: toks[len(toks)-1].end, text: ")"})
 		}
 	}
 	// Edits are applied in source order; of two insertions at one place (the receivers
