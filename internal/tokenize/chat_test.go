@@ -181,6 +181,7 @@ func TestRewriteTemplate(t *testing.T) {
 		{"{ not a tag | tojson }", "{ not a tag | tojson }"},
 		{"{% raw %}{{ x | tojson }}{% endraw %}{% set y = z|trim %}", "{% raw %}{{ x | tojson }}{% endraw %}{% set y = z|kvindex_trim %}"},
 		{"{% filter trim %}x{% endfilter %}", "{% filter kvindex_trim %}x{% endfilter %}"},
+		{"{% set s = x | string ~ y|string(z) %}", "{% set s = x | kvindex_string ~ y|kvindex_string(z) %}"},
 		{"{{ {'a': x|tojson} }}", "{{ kvindex_str({'a': x|kvindex_tojson}) }}"},
 		{"{% set c = m.content.strip() %}", "{% set c = kvindex_strip(m.content) %}"},
 		{"{% set c = m['content'].split('</think>')[-1].lstrip('\\n') %}", "{% set c = kvindex_lstrip(m['content'].split('</think>')[-1], '\\n') %}"},

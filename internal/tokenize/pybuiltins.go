@@ -19,8 +19,8 @@ import (
 //
 //   - {{ x }} prints str(x): None as "None", a float as repr prints it (1.0, not 1),
 //     lists and dicts as their repr (strings quoted and escaped as Python does).
-//     Other conversions to text inside the engine (the ~ operator, the string and
-//     join filters) still print its way.
+//     So does the string filter. Other conversions to text inside the engine (the ~
+//     operator, the join filter) still print its way.
 //   - tojson is transformers' (json.dumps with ensure_ascii=False, pyjson.go), not the
 //     engine's.
 //   - str.strip, str.lstrip and str.rstrip without characters strip what Python's
@@ -32,24 +32,29 @@ import (
 
 // Names the rewritten template calls; they are render variables.
 const (
-	strName    = "kvindex_str"
-	tojsonName = "kvindex_tojson"
-	trimName   = "kvindex_trim"
+	strName = "kvindex_str"
 	// dictOrderKwarg is the keyword rewriteTemplate adds to dict() calls: the list of
 	// the call's keywords in order.
 	dictOrderKwarg = "kvindex_order"
 )
+
+// filterNames maps the filters rewriteTemplate reroutes to the filter it calls.
+var filterNames = map[string]string{"tojson": "kvindex_tojson", "trim": "kvindex_trim", "string": "kvindex_string"}
 
 // stripNames maps the str methods rewriteTemplate reroutes to the function it calls.
 var stripNames = map[string]string{"strip": "kvindex_strip", "lstrip": "kvindex_lstrip", "rstrip": "kvindex_rstrip"}
 
 // pyBuiltins are the render variables that implement the rerouted calls.
 func pyBuiltins() map[string]jinja.Value {
+	filters := map[string]func([]jinja.Value, map[string]jinja.Value) (jinja.Value, error){
+		"tojson": tojsonFilter, "trim": trimFilter, "string": stringFilter,
+	}
 	vars := map[string]jinja.Value{
-		strName:    jinja.NewCallable(strName, printed),
-		tojsonName: jinja.NewCallable(tojsonName, tojsonFilter),
-		trimName:   jinja.NewCallable(trimName, trimFilter),
-		"dict":     jinja.NewCallable("dict", pyDict),
+		strName: jinja.NewCallable(strName, printed),
+		"dict":  jinja.NewCallable("dict", pyDict),
+	}
+	for filter, name := range filterNames {
+		vars[name] = jinja.NewCallable(name, filters[filter])
 	}
 	for method, name := range stripNames {
 		vars[name] = jinja.NewCallable(name, stripMethod(method))
@@ -138,6 +143,14 @@ func printed(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) 
 		b = appendPyRepr(b, a)
 	}
 	return jinja.NewString(string(append(b, ')'))), nil
+}
+
+// stringFilter is Jinja2's string filter: str(value).
+func stringFilter(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) != 1 || len(kwargs) != 0 {
+		return jinja.Undefined(), errors.New("string: takes no arguments")
+	}
+	return printed(args, nil)
 }
 
 // pyStr is Python's str() of a template value (undefined prints as "").

@@ -308,8 +308,8 @@ func pyStringLiteral(lit string) (string, error) {
 //
 //   - the expression of {{ }} printed by ours (kvindex_str(x)): the engine prints
 //     values its own way, not as Python's str();
-//   - the tojson and trim filters renamed to ours: the engine looks a filter up among
-//     its built-ins before the render variables;
+//   - the tojson, trim and string filters renamed to ours: the engine looks a filter
+//     up among its built-ins before the render variables;
 //   - x.strip(...), x.lstrip(...) and x.rstrip(...) made calls of ours
 //     (kvindex_strip(x, ...)): the engine resolves string methods itself;
 //   - dict(k=v, ...) given its keywords' order as one more keyword
@@ -322,13 +322,9 @@ func rewriteTemplate(src string, tags []tag) string {
 		toks := t.toks
 		for i, tok := range toks {
 			switch {
-			case tok.kind == tokName && (tok.text == "tojson" || tok.text == "trim") && i > 0 &&
+			case tok.kind == tokName && filterNames[tok.text] != "" && i > 0 &&
 				(toks[i-1].is(tokOp, "|") || i == 1 && t.block && toks[0].is(tokName, "filter")):
-				name := tojsonName
-				if tok.text == "trim" {
-					name = trimName
-				}
-				edits = append(edits, edit{pos: tok.pos, end: tok.end, text: name})
+				edits = append(edits, edit{pos: tok.pos, end: tok.end, text: filterNames[tok.text]})
 			case tok.is(tokOp, ".") && i > 0 && i+2 < len(toks) && toks[i+1].kind == tokName &&
 				stripNames[toks[i+1].text] != "" && toks[i+2].is(tokOp, "("):
 				start := chainStart(toks, i-1)
