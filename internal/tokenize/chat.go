@@ -139,6 +139,9 @@ func newChatTemplate(cfg *tokenizerConfig, jinjaFile []byte, format ContentForma
 	ct := &chatTemplate{templates: map[string]compiledTemplate{}, base: pyBuiltins()}
 	for name, src := range sources {
 		src = jinjaLines(src)
+		if controlled, ok := applyWhitespaceControl(src); ok {
+			src = controlled
+		}
 		tags, err := scanTags(src)
 		if err != nil {
 			return nil, fmt.Errorf("%w: chat template %q: %v", ErrNotSupported, name, err)

@@ -52,7 +52,7 @@ func (c chatCase) request(t testing.TB) ([]Message, ChatOptions) {
 
 // testTemplates are the templates written for the tests (testdata/chat/<name>.jinja),
 // rendered with Llama 3's special tokens.
-var testTemplates = []string{"features", "parts", "pyvalues"}
+var testTemplates = []string{"features", "parts", "pyvalues", "whitespace"}
 
 // chatTemplateTokenizer returns the tokenizer whose template a golden file was rendered
 // with: Qwen3's and Llama 3's own, or a test template with Llama 3's special tokens.

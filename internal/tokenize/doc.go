@@ -21,13 +21,12 @@
 //   - Builtin: a deterministic byte-level tokenizer with ChatML special tokens, for the
 //     fake engine, tests and the demo. Decode(Encode(s, false)) == s for any s.
 //
-// Known difference from Jinja2, not yet worked around: github.com/ardanlabs/jinja
-// v1.8.0 applies a block tag's whitespace control (lstrip_blocks, and "-" markers) to
-// the nearest text before or after it even when an expression {{ }} stands between
-// them, and treats the first text of a template as its start, so
-// "{% for %}{{ a }} {{ b }}{% endfor %}" renders "ab" where Jinja2 renders "a b".
-// Qwen3's and Llama 3's templates are not affected (their goldens pass); templates
-// that print values side by side inside blocks (GLM's) are.
+// github.com/ardanlabs/jinja v1.8.0 applies a block tag's whitespace control to the
+// nearest text even across a {{ }} tag ("{% for %}{{ a }} {{ b }}{% endfor %}"
+// rendered "ab", not Jinja2's "a b"), so the whitespace control is applied before the
+// engine sees the template, as Jinja2's lexer applies it (whitespace.go), and the
+// engine is handed the text as string literals it does not trim. A template with a
+// {% raw %} block is left to the engine as it is.
 //
 // Cache memoizes token ids per text segment (the text between added tokens, e.g. one
 // chat message) and whole-prompt block keys, in a byte budget (ristretto), with

@@ -271,7 +271,7 @@ def apply_chat_template(template, fmt, specials, case):
 
 
 # The templates written for the tests, rendered with Llama 3's special tokens.
-TEST_TEMPLATES = ("features", "parts", "pyvalues")
+TEST_TEMPLATES = ("features", "parts", "pyvalues", "whitespace")
 
 
 def main():
